@@ -1,0 +1,50 @@
+"""Entry points behind the registered ids: build a task from kwargs, then the single or vector env.
+
+Keyword arguments that the task's constructor accepts configure the task; the rest configure the
+env (``split``, ``parser``, ``max_result_chars``, ``autoreset_mode``, ...).
+
+Example:
+    >>> env = make_tool_use_env(tasks=[{"question": "Say hi", "answer": "hi"}], reward="exact_match")
+    >>> env.reset(seed=0)[0]
+    'Say hi'
+    >>> env.close()
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from rlf_envs.env import ToolEnv
+from rlf_envs.tasks.base import Task
+from rlf_envs.tasks.tool_use import make_tool_use_task
+from rlf_envs.vector import ToolVectorEnv
+
+
+def _take_params(fn: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    params = inspect.signature(fn).parameters
+    return {name: kwargs.pop(name) for name in list(kwargs) if name in params}
+
+
+def _deepsearch_task(kwargs: dict[str, Any]) -> Task:
+    from rlf_envs.tasks.deepsearch.task import DeepSearchTask
+
+    return DeepSearchTask(**_take_params(DeepSearchTask.__init__, kwargs))
+
+
+def make_deepsearch_env(**kwargs: Any) -> ToolEnv:
+    """``RLF/DeepSearch-v0``: multi-turn search QA over the embedded world (or your corpus)."""
+    return ToolEnv(_deepsearch_task(kwargs), **kwargs)
+
+
+def make_deepsearch_vec(num_envs: int = 1, **kwargs: Any) -> ToolVectorEnv:
+    return ToolVectorEnv(_deepsearch_task(kwargs), num_envs, **kwargs)
+
+
+def make_tool_use_env(**kwargs: Any) -> ToolEnv:
+    """``RLF/ToolUse-v0``: your MCP servers, task list and reward (see :mod:`rlf_envs.tasks.tool_use`)."""
+    return ToolEnv(make_tool_use_task(**_take_params(make_tool_use_task, kwargs)), **kwargs)
+
+
+def make_tool_use_vec(num_envs: int = 1, **kwargs: Any) -> ToolVectorEnv:
+    return ToolVectorEnv(make_tool_use_task(**_take_params(make_tool_use_task, kwargs)), num_envs, **kwargs)

@@ -1,0 +1,69 @@
+"""``rlf-bench``: print benchmark figures (``--json`` makes the last line one JSON object).
+
+Example:
+    rlf-bench env --num-envs 256 --latency-ms 100 --steps 5 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rlf_envs.bench.env_bench import BenchSettings, format_report, run_env_bench
+
+
+def _env_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("env", help="vector env vs sequential loop vs raw MCP SDK on the latency server")
+    p.add_argument("--num-envs", type=int, default=64)
+    p.add_argument("--latency-ms", type=float, default=100.0)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    p.add_argument("--replicas", type=int, default=1, help="server processes (stdio) or sessions (http)")
+    p.add_argument("--jitter-ms", type=float, default=0.0)
+    p.add_argument("--calls-per-step", type=int, default=1, help="tool calls in each env's action")
+    p.add_argument(
+        "--sequential-calls", type=int, default=32, help="calls timed for the scaled sequential loop"
+    )
+    p.add_argument("--json", action="store_true", help="end with one JSON line of all figures")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rlf-bench", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    _env_parser(sub)
+    sub.add_parser(
+        "train", help="our GRPO trainer vs TRL's GRPOTrainer (needs rlf[trainer] and trl)", add_help=False
+    )
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "train":
+        try:
+            from rlf_trainer.bench import main as train_main
+        except ImportError as exc:
+            print(
+                f"rlf-bench train needs the trainer extra: pip install 'rlf[trainer]' ({exc})",
+                file=sys.stderr,
+            )
+            return 2
+        return train_main(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    settings = BenchSettings(
+        num_envs=args.num_envs,
+        latency_ms=args.latency_ms,
+        steps=args.steps,
+        transport=args.transport,
+        replicas=args.replicas,
+        jitter_ms=args.jitter_ms,
+        sequential_calls=args.sequential_calls,
+        calls_per_step=args.calls_per_step,
+    )
+    report = run_env_bench(settings)
+    print(format_report(report), flush=True)
+    if args.json:
+        print(json.dumps(report), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

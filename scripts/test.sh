@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Install everything the test suite needs into .venv (CPU torch from the pinned wheel) and run it.
+# Usage: bash scripts/test.sh [pytest args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+# shellcheck disable=SC1091
+. .venv/bin/activate
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+# torch first, pinned: an unpinned resolve would pull a multi-GB CUDA build.
+python -m pip install -q "torch==2.13.0"
+python -m pip install -q -e ".[dev,trainer]"
+ruff check .
+python -m pytest -q "$@"

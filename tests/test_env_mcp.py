@@ -1,0 +1,171 @@
+"""Env-level behaviour over real MCP servers (spawned subprocesses, stdio and streamable HTTP)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import gymnasium as gym
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import rlf_envs  # noqa: F401
+from rlf_envs.tasks.deepsearch.world import generate_world
+from tests.mcp_fixtures.helpers import faulty_server, free_port, http_server, latency_server
+
+TASKS = [{"question": f"q{i}", "answer": str(i)} for i in range(8)]
+
+
+def call(name, **arguments):
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+def stats_of(envs):
+    """The latency server's counters, read through the env itself (a fresh single-env step)."""
+    vec = envs.unwrapped
+    result = vec._loop.run(vec.toolbox.call_many([_tool_call("stats")]))[0]
+    return json.loads(result.text)
+
+
+def _tool_call(name, **arguments):
+    from rlf_envs.tools.types import ToolCall
+
+    return ToolCall(name=name, arguments=arguments)
+
+
+def test_256_calls_of_one_step_are_in_flight_at_once_stdio():
+    servers = {"mcpServers": {"lat": latency_server("--latency-ms", "300")}}
+    envs = gym.make_vec("RLF/ToolUse-v0", num_envs=128, tasks=TASKS, mcp_servers=servers, max_turns=3)
+    envs.reset(seed=0)
+    obs, _, terminated, truncated, infos = envs.step([call("sleep") * 2] * 128)
+    assert not terminated.any() and not truncated.any()
+    assert all(o.count("<tool_response>") == 2 for o in obs)
+    assert sum(len(r) for r in infos["tool_calls"]) == 256 and not any(infos["errors"][i] for i in range(128))
+    assert stats_of(envs)["peak_in_flight"] == 256
+    envs.close()
+
+
+def test_256_calls_of_one_step_are_in_flight_at_once_http():
+    port = free_port()
+    argv = [sys.executable, "-m", "rlf_envs.servers.latency", "--latency-ms", "3000"]
+    with http_server(argv, port):
+        servers = {"mcpServers": {"lat": {"url": f"http://127.0.0.1:{port}/mcp"}}}
+        envs = gym.make_vec("RLF/ToolUse-v0", num_envs=256, tasks=TASKS, mcp_servers=servers, max_turns=3)
+        envs.reset(seed=0)
+        obs, *_ = envs.step([call("sleep")] * 256)
+        assert all("<tool_response>" in o and "Error" not in o for o in obs)
+        assert stats_of(envs)["peak_in_flight"] == 256
+        envs.close()
+
+
+def test_server_killed_mid_step_spares_other_envs_and_restarts():
+    servers = {"mcpServers": {"a": faulty_server("a_"), "b": faulty_server("b_")}}
+    envs = gym.make_vec("RLF/ToolUse-v0", num_envs=16, tasks=TASKS, mcp_servers=servers, max_turns=4)
+    envs.reset(seed=0)
+    obs, *_ = envs.step([call("a_pid")] + [call("b_pid")] * 15)
+    a_pid = int(obs[0].split("\n")[1])
+    killer = threading.Timer(0.5, os.kill, args=(a_pid, signal.SIGKILL))
+    killer.start()
+    actions = [call("a_echo", text=f"a{i}", delay_s=3.0) for i in range(8)]
+    actions += [call("b_echo", text=f"b{i}", delay_s=1.0) for i in range(8, 16)]
+    obs, rewards, terminated, truncated, infos = envs.step(actions)
+    killer.join()
+    for i in range(8):
+        assert infos["errors"][i] == ["server_died"], obs[i]
+    for i in range(8, 16):
+        assert infos["errors"][i] == [] and f"b{i}" in obs[i]
+    obs, *_, infos = envs.step([call("a_echo", text="back")] * 16)
+    assert all("back" in o for o in obs) and all(not e for e in infos["errors"])
+    assert envs.unwrapped.toolbox.providers[0].stats()["a"]["restarts"] >= 1
+    envs.close()
+
+
+def test_hung_tool_becomes_a_timeout_observation():
+    servers = {"mcpServers": {"f": faulty_server("", timeout_s=0.5)}}
+    env = gym.make("RLF/ToolUse-v0", tasks=TASKS, mcp_servers=servers)
+    env.reset(seed=0)
+    obs, reward, terminated, truncated, info = env.step(call("hang") + call("echo", text="still here"))
+    assert info["errors"] == ["timeout"]
+    assert "Error (timeout)" in obs and "still here" in obs
+    assert not terminated and not truncated
+    env.close()
+
+
+def test_deepsearch_passes_check_env():
+    env = gym.make("RLF/DeepSearch-v0")
+    check_env(env.unwrapped, skip_render_check=True)
+    env.close()
+
+
+def test_tool_use_over_mcp_passes_check_env():
+    env = gym.make("RLF/ToolUse-v0", tasks=TASKS, mcp_servers={"mcpServers": {"f": faulty_server()}})
+    check_env(env.unwrapped, skip_render_check=True)
+    env.close()
+
+
+@pytest.fixture(scope="module")
+def world():
+    return generate_world(0)
+
+
+def oracle_turns(world, question_id, answer=None):
+    solution = world.solve(question_id)
+    turns = [call("search", query=q) for q in solution.queries]
+    return [*turns, f"<answer>{solution.answer if answer is None else answer}</answer>"]
+
+
+def test_deepsearch_vector_scripted_agents_right_and_wrong(world):
+    test_questions = world.split("test")[:32]
+    n = len(test_questions)
+    envs = gym.make_vec(
+        "RLF/DeepSearch-v0", num_envs=2 * n, split="test", max_turns=5, autoreset_mode="Disabled"
+    )
+    indices = [i for i in range(n)] * 2
+    envs.reset(seed=0, options={"task_indices": indices})
+    scripts = [oracle_turns(world, q.id) for q in test_questions]
+    scripts += [oracle_turns(world, q.id, answer="Nobody Knows") for q in test_questions]
+    final = [None] * (2 * n)
+    for turn in range(5):
+        actions = [s[turn] if turn < len(s) else "" for s in scripts]
+        obs, rewards, terminated, truncated, infos = envs.step(actions)
+        for i in range(2 * n):
+            if final[i] is None and (terminated[i] or truncated[i]):
+                final[i] = (rewards[i], infos["reward_info"]["em"][i], terminated[i])
+            elif final[i] is None:
+                assert "Doc 1 (Title:" in obs[i]
+    assert [f[0] for f in final[:n]] == [1.0] * n
+    assert [f[0] for f in final[n:]] == [0.0] * n
+    assert all(f[2] for f in final)
+    envs.close()
+
+
+def test_make_vec_64_runs_episodes_to_the_end():
+    envs = gym.make_vec("RLF/DeepSearch-v0", num_envs=64, max_turns=3)
+    envs.reset(seed=3)
+    done_count = 0
+    for step in range(3):
+        actions = [
+            call("search", query=f"river {step}") if i % 3 else "<answer>x</answer>" for i in range(64)
+        ]
+        _, rewards, terminated, truncated, _ = envs.step(actions)
+        done_count += int((terminated | truncated).sum())
+    # next-step autoreset: envs that answered restart, the searching ones truncate at turn 3
+    assert done_count >= 64
+    envs.close()
+
+
+def _run_clean(code: str) -> str:
+    return subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+
+
+def test_module_form_needs_no_import_and_envs_never_import_torch():
+    out = _run_clean(
+        "import sys, gymnasium as gym\n"
+        "env = gym.make('envs_registry:RLF/ToolUse-v0', tasks=[{'question': 'q'}])\n"
+        "print(env.reset(seed=0)[0]); env.close()\n"
+        "import rlf_envs.vector, rlf_envs.bench.env_bench, rlf_envs.tasks.deepsearch.task\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'vllm', 'rlf_trainer') if m in sys.modules))"
+    )
+    assert out.splitlines() == ["q", "[]"]

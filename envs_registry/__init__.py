@@ -18,6 +18,8 @@ import gymnasium as gym
 ENV_IDS: dict[str, tuple[str, str]] = {
     "RLF/DeepSearch-v0": ("rlf_envs.factories:make_deepsearch_env", "rlf_envs.factories:make_deepsearch_vec"),
     "RLF/ToolUse-v0": ("rlf_envs.factories:make_tool_use_env", "rlf_envs.factories:make_tool_use_vec"),
+    "RLF/SQL-v0": ("rlf_envs.factories:make_sql_env", "rlf_envs.factories:make_sql_vec"),
+    "RLF/PythonTool-v0": ("rlf_envs.factories:make_python_tool_env", "rlf_envs.factories:make_python_tool_vec"),
 }
 
 

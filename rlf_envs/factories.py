@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from typing import Any
 
@@ -26,19 +27,43 @@ def _take_params(fn: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     return {name: kwargs.pop(name) for name in list(kwargs) if name in params}
 
 
-def _deepsearch_task(kwargs: dict[str, Any]) -> Task:
-    from rlf_envs.tasks.deepsearch.task import DeepSearchTask
+def _task(ref: str, kwargs: dict[str, Any]) -> Task:
+    """Build the task class at ``"module:Class"`` from the kwargs its constructor accepts."""
+    module_name, class_name = ref.split(":")
+    task_cls = getattr(importlib.import_module(module_name), class_name)
+    return task_cls(**_take_params(task_cls.__init__, kwargs))
 
-    return DeepSearchTask(**_take_params(DeepSearchTask.__init__, kwargs))
+
+DEEPSEARCH = "rlf_envs.tasks.deepsearch.task:DeepSearchTask"
+SQL = "rlf_envs.tasks.sql.task:SQLTask"
+PYTHON_TOOL = "rlf_envs.tasks.python_tool.task:PythonToolTask"
 
 
 def make_deepsearch_env(**kwargs: Any) -> ToolEnv:
     """``RLF/DeepSearch-v0``: multi-turn search QA over the embedded world (or your corpus)."""
-    return ToolEnv(_deepsearch_task(kwargs), **kwargs)
+    return ToolEnv(_task(DEEPSEARCH, kwargs), **kwargs)
 
 
 def make_deepsearch_vec(num_envs: int = 1, **kwargs: Any) -> ToolVectorEnv:
-    return ToolVectorEnv(_deepsearch_task(kwargs), num_envs, **kwargs)
+    return ToolVectorEnv(_task(DEEPSEARCH, kwargs), num_envs, **kwargs)
+
+
+def make_sql_env(**kwargs: Any) -> ToolEnv:
+    """``RLF/SQL-v0``: text-to-SQL over a bundled sqlite database, scored by executing the query."""
+    return ToolEnv(_task(SQL, kwargs), **kwargs)
+
+
+def make_sql_vec(num_envs: int = 1, **kwargs: Any) -> ToolVectorEnv:
+    return ToolVectorEnv(_task(SQL, kwargs), num_envs, **kwargs)
+
+
+def make_python_tool_env(**kwargs: Any) -> ToolEnv:
+    """``RLF/PythonTool-v0``: generated math problems with a sandboxed python tool."""
+    return ToolEnv(_task(PYTHON_TOOL, kwargs), **kwargs)
+
+
+def make_python_tool_vec(num_envs: int = 1, **kwargs: Any) -> ToolVectorEnv:
+    return ToolVectorEnv(_task(PYTHON_TOOL, kwargs), num_envs, **kwargs)
 
 
 def make_tool_use_env(**kwargs: Any) -> ToolEnv:

@@ -36,7 +36,7 @@ def _tool_call(name, **arguments):
 
 
 def test_256_calls_of_one_step_are_in_flight_at_once_stdio():
-    servers = {"mcpServers": {"lat": latency_server("--latency-ms", "300")}}
+    servers = {"mcpServers": {"lat": latency_server("--latency-ms", "2000")}}
     envs = gym.make_vec("RLF/ToolUse-v0", num_envs=128, tasks=TASKS, mcp_servers=servers, max_turns=3)
     envs.reset(seed=0)
     obs, _, terminated, truncated, infos = envs.step([call("sleep") * 2] * 128)

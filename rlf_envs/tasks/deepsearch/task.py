@@ -1,0 +1,167 @@
+"""The DeepSearch task: answer multi-hop questions by calling a ``search`` tool, then ``<answer>``.
+
+By default it runs on the generated world (no download); point it at Search-R1 style QA files
+and a corpus or prebuilt index for real data (see docs/deepsearch.md).
+
+Example:
+    >>> task = DeepSearchTask(world_seed=0)
+    >>> instance = task.instances("test")[0]
+    >>> instance.metadata["hops"] in (1, 2, 3)
+    True
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import rlf_envs
+from rlf_envs.rewards.rules import extract_answer, get_rule_reward
+from rlf_envs.tasks.base import Episode, RewardValue, Task, TaskInstance
+from rlf_envs.tasks.deepsearch.data import load_qa_splits, read_corpus
+from rlf_envs.tasks.deepsearch.index import build_index_dir, default_cache_dir, ensure_world_index, read_meta
+from rlf_envs.tasks.deepsearch.world import World, generate_world
+
+SYSTEM_PROMPT = """\
+You answer questions by searching a document collection.
+Think step by step about what you need to know. Whenever you lack a fact, call the `search` tool \
+with a short query (an entity name works best); it returns the most relevant documents. \
+You may search as many times as you need, one fact at a time: the answer to one search often \
+tells you what to search for next.
+When you know the answer, reply with only the short answer inside <answer> and </answer>, \
+without explanation, for example: <answer> Beijing </answer>."""
+
+
+class DeepSearchTask(Task):
+    """Multi-hop search QA scored by exact match of the final ``<answer>``.
+
+    Args:
+        world_seed: seed of the generated world used when ``qa_path`` is not given.
+        qa_path: a QA file (JSONL/parquet, used for every split) or a directory with
+            ``train.*`` / ``test.*`` files, e.g. Search-R1's ``nq_hotpotqa_train``.
+        corpus_path: corpus JSONL to index (cached by file identity) for the search tool.
+        index_dir: a prebuilt index directory (``rlf-search-index``); wins over ``corpus_path``.
+        reward: a rule reward name from ``RULE_REWARDS`` ("exact_match", "f1", "contains", ...).
+        format_reward: added when the answer is wrong (EM 0) but the final response has a
+            well-formed ``<answer>`` block; 0.0 keeps a wrong answer at exactly 0.
+        max_turns: assistant turns before the episode is truncated.
+        top_k: documents a search returns when the model does not pass ``top_k``.
+        cache_dir: where generated indexes live (default ``$RLF_CACHE_DIR`` or ``~/.cache/rlf``).
+    """
+
+    name = "deepsearch"
+    system_prompt = SYSTEM_PROMPT
+    answer_tag = "answer"
+
+    def __init__(
+        self,
+        *,
+        world_seed: int = 0,
+        qa_path: str | Path | None = None,
+        corpus_path: str | Path | None = None,
+        index_dir: str | Path | None = None,
+        reward: str = "exact_match",
+        format_reward: float = 0.0,
+        max_turns: int = 4,
+        top_k: int = 3,
+        cache_dir: str | Path | None = None,
+    ) -> None:
+        if qa_path is not None and corpus_path is None and index_dir is None:
+            raise ValueError("qa_path needs the corpus to search: pass corpus_path or index_dir as well")
+        self.world_seed = world_seed
+        self.qa_path = Path(qa_path) if qa_path is not None else None
+        self.corpus_path = Path(corpus_path) if corpus_path is not None else None
+        self.index_dir = Path(index_dir) if index_dir is not None else None
+        self.reward_name = reward
+        self._reward_fn = get_rule_reward(reward)
+        self.format_reward = float(format_reward)
+        self.max_turns = max_turns
+        self.top_k = top_k
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
+        self._index_path: Path | None = None
+
+    @functools.cached_property
+    def world(self) -> World:
+        """The generated world (questions, documents, oracle solutions)."""
+        return generate_world(self.world_seed)
+
+    @functools.cached_property
+    def _splits(self) -> dict[str, list[TaskInstance]]:
+        if self.qa_path is not None:
+            return load_qa_splits(self.qa_path)
+        return {split: self.world.to_instances(split) for split in ("train", "test")}
+
+    def splits(self) -> list[str]:
+        return list(self._splits)
+
+    def instances(self, split: str) -> Sequence[TaskInstance]:
+        try:
+            return self._splits[split]
+        except KeyError:
+            raise KeyError(
+                f"task {self.name!r} has no split {split!r}; it has {sorted(self._splits)}"
+            ) from None
+
+    def index_path(self) -> Path:
+        """The search index directory, built (once, atomically) if it does not exist yet."""
+        if self._index_path is None:
+            self._index_path = self._ensure_index()
+        return self._index_path
+
+    def _ensure_index(self) -> Path:
+        if self.index_dir is not None:
+            if read_meta(self.index_dir) is None:
+                raise FileNotFoundError(
+                    f"no search index at {self.index_dir}; build one with rlf-search-index"
+                )
+            return self.index_dir
+        cache = self.cache_dir if self.cache_dir is not None else default_cache_dir()
+        if self.corpus_path is not None:
+            stat = self.corpus_path.stat()
+            identity = f"{self.corpus_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+            directory = cache / "deepsearch" / f"corpus-{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
+            if read_meta(directory) is None:
+                build_index_dir(
+                    read_corpus(self.corpus_path), directory, source={"corpus": str(self.corpus_path)}
+                )
+            return directory
+        return ensure_world_index(self.world_seed, cache)
+
+    def mcp_config(self) -> dict[str, Any]:
+        """``{"mcpServers": {"search": ...}}`` running our search server over this task's index."""
+        # the server imports rlf_envs; point it at this checkout in case the package is not installed
+        package_root = str(Path(rlf_envs.__file__).resolve().parent.parent)
+        return {
+            "mcpServers": {
+                "search": {
+                    "command": sys.executable,
+                    "args": [
+                        "-m",
+                        "rlf_envs.servers.search",
+                        "--index",
+                        str(self.index_path()),
+                        "--top-k",
+                        str(self.top_k),
+                    ],
+                    "env": {"PYTHONPATH": package_root},
+                    "timeout_s": 30,
+                }
+            }
+        }
+
+    async def reward(self, episode: Episode) -> RewardValue:
+        """The chosen rule reward (EM by default) with ``em``/``f1``, plus the format bonus.
+
+        Example:
+            >>> # {"reward": 1.0, "em": 1.0, "f1": 1.0, "format": 1.0}
+        """
+        scores = dict(self._reward_fn(episode))
+        well_formed = extract_answer(episode.final_response, self.answer_tag) not in (None, "")
+        scores["format"] = float(well_formed)
+        if well_formed and scores["em"] == 0.0:
+            scores["reward"] = scores["reward"] + self.format_reward
+        return scores

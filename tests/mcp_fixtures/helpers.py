@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Coroutine, Iterator
-from concurrent.futures import Future
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
+
+from rlf_envs.runtime import LoopThread as EnvLoopThread
 
 REPO = Path(__file__).resolve().parents[2]
 FAULTY_SERVER = str(Path(__file__).with_name("faulty_server.py"))
@@ -97,19 +96,5 @@ def pid_alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-class LoopThread:
-    """One asyncio loop in a background thread, as the env runs it; ``run`` submits a coroutine."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="test-loop", daemon=True)
-        self._thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float = 60.0) -> T:
-        future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        return future.result(timeout_s)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=10)
-        self.loop.close()
+# The tests drive pools on the same kind of loop thread the envs use.
+LoopThread = EnvLoopThread

@@ -136,3 +136,9 @@ def test_a_prediction_matches_itself(text: str) -> None:
     if normalize_answer(text):
         assert f1_score(text, text) == 1.0
         assert contains_match(text, [text]) == 1.0
+
+
+def test_math_equal_integers_are_exact_even_when_large():
+    assert not math_equal("18272728", 18272727)
+    assert math_equal("18,272,727", 18272727)
+    assert math_equal("0.3333333", "1/3", rel_tol=1e-6)

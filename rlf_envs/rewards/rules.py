@@ -191,6 +191,10 @@ def _parse_number(text: str) -> Fraction | float | None:
     return value / 100 if percent else value
 
 
+def _is_integer(value: Fraction | float) -> bool:
+    return isinstance(value, Fraction) and value.denominator == 1
+
+
 def math_equal(
     pred: str | None, gold: str | float | int, *, rel_tol: float = 1e-6, abs_tol: float = 1e-9
 ) -> bool:
@@ -200,8 +204,8 @@ def math_equal(
     and takes the last ``\\boxed{}`` if there is one.
 
     Example:
-        >>> math_equal("$\\\\boxed{1,000}$", 1000), math_equal("1/3", "0.33")
-        (True, False)
+        >>> math_equal("$\\\\boxed{1,000}$", 1000), math_equal("1/3", "0.33"), math_equal("18272728", 18272727)
+        (True, False, False)
     """
     if pred is None:
         return False
@@ -210,6 +214,8 @@ def math_equal(
     if num_pred is not None and num_gold is not None:
         if num_pred == num_gold:
             return True
+        if _is_integer(num_pred) and _is_integer(num_gold):  # integers never match "approximately"
+            return False
         return math.isclose(float(num_pred), float(num_gold), rel_tol=rel_tol, abs_tol=abs_tol)
     return clean_pred != "" and clean_pred == clean_gold
 

@@ -1,0 +1,160 @@
+"""RLF/PythonTool-v0: math problems with large numbers, a sandboxed ``run_python`` tool and ``<answer>``.
+
+The problems are generated (see :mod:`rlf_envs.tasks.python_tool.problems`), so the task needs no
+download; the tool is our sandbox MCP server (``python -m rlf_envs.servers.python_sandbox``),
+started by the env over stdio. The reward is 1.0 when the final ``<answer>`` is exactly the integer
+answer, else 0.0.
+
+Example:
+    >>> task = PythonToolTask(seed=0, kind="word", num_train=10, num_test=5)
+    >>> instance = task.instances("test")[0]
+    >>> instance.answer.lstrip("-").isdigit(), instance.metadata["kind"]
+    (True, 'word')
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import rlf_envs
+from rlf_envs.rewards.rules import episode_prediction, extract_answer, math_equal
+from rlf_envs.tasks.base import Episode, RewardValue, Task, TaskInstance
+from rlf_envs.tasks.python_tool.problems import KINDS, generate_problems
+
+SYSTEM_PROMPT = """\
+You solve math problems whose numbers are too large to work out reliably in your head.
+Call the `run_python` tool with a short Python program that computes the result and prints it, \
+for example: print((48213 * 379 - 1204557) // 7). The tool returns what the program printed. \
+Each call starts a fresh interpreter with only the standard library, so print everything you need \
+and repeat any definitions in later calls.
+When you know the answer, reply with only the final integer inside <answer> and </answer>, \
+for example: <answer> 18272727 </answer>."""
+
+TOOL_NAME = "run_python"
+
+
+class PythonToolTask(Task):
+    """Generated integer-answer math problems solved with a sandboxed python tool.
+
+    Args:
+        seed: generation seed; the same seed gives the same problems in both splits.
+        max_turns: assistant turns before the episode is truncated.
+        kind: "arithmetic" (operation chains), "word" (word problems) or "mixed".
+        num_train, num_test: problems per split (the test split does not depend on num_train).
+        cpu_s, memory_mb, output_chars, wall_s: per-call limits of the sandbox server.
+        sandbox_concurrency: programs the sandbox server runs at once (more calls wait).
+    """
+
+    name = "python_tool"
+    system_prompt = SYSTEM_PROMPT
+    answer_tag = "answer"
+
+    def __init__(
+        self,
+        *,
+        seed: int = 0,
+        max_turns: int = 4,
+        kind: str = "arithmetic",
+        num_train: int = 1000,
+        num_test: int = 200,
+        cpu_s: float = 5.0,
+        memory_mb: int = 256,
+        output_chars: int = 3000,
+        wall_s: float = 10.0,
+        sandbox_concurrency: int = 16,
+    ) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"unknown kind {kind!r}; choose one of {list(KINDS)}")
+        if num_train < 1 or num_test < 1:
+            raise ValueError(f"both splits need problems, got num_train={num_train}, num_test={num_test}")
+        self.seed = seed
+        self.max_turns = max_turns
+        self.kind = kind
+        self.num_train = num_train
+        self.num_test = num_test
+        self.cpu_s = cpu_s
+        self.memory_mb = memory_mb
+        self.output_chars = output_chars
+        self.wall_s = wall_s
+        self.sandbox_concurrency = sandbox_concurrency
+
+    @functools.cached_property
+    def _splits(self) -> dict[str, list[TaskInstance]]:
+        problems = generate_problems(self.seed, self.kind, self.num_test + self.num_train)
+        splits: dict[str, list[TaskInstance]] = {"test": [], "train": []}
+        for index, problem in enumerate(problems):
+            split = "test" if index < self.num_test else "train"
+            position = len(splits[split])
+            splits[split].append(
+                TaskInstance(
+                    id=f"{self.kind}-{self.seed}-{split}-{position}",
+                    question=problem.question,
+                    answer=str(problem.answer),
+                    metadata={
+                        "kind": self.kind,
+                        "template": problem.template,
+                        "solution_code": problem.solution_code,
+                    },
+                )
+            )
+        return splits
+
+    def splits(self) -> list[str]:
+        return ["train", "test"]
+
+    def instances(self, split: str) -> Sequence[TaskInstance]:
+        try:
+            return self._splits[split]
+        except KeyError:
+            raise KeyError(f"task {self.name!r} has no split {split!r}; it has ['test', 'train']") from None
+
+    def mcp_config(self) -> dict[str, Any]:
+        """``{"mcpServers": {"python": ...}}`` running the sandbox server with this task's limits."""
+        # the server imports rlf_envs; point it at this checkout in case the package is not installed
+        package_root = str(Path(rlf_envs.__file__).resolve().parent.parent)
+        return {
+            "mcpServers": {
+                "python": {
+                    "command": sys.executable,
+                    "args": [
+                        "-m",
+                        "rlf_envs.servers.python_sandbox",
+                        "--cpu-s",
+                        str(self.cpu_s),
+                        "--memory-mb",
+                        str(self.memory_mb),
+                        "--output-chars",
+                        str(self.output_chars),
+                        "--wall-s",
+                        str(self.wall_s),
+                        "--max-concurrency",
+                        str(self.sandbox_concurrency),
+                    ],
+                    "env": {"PYTHONPATH": package_root},
+                    # calls may queue behind the sandbox's concurrency limit before their wall clock starts
+                    "timeout_s": 3 * self.wall_s + 30,
+                }
+            }
+        }
+
+    async def reward(self, episode: Episode) -> RewardValue:
+        """1.0 when the answer is exactly the gold integer, else 0.0, with ``format`` and ``used_tool``.
+
+        Example:
+            >>> # {"reward": 1.0, "correct": 1.0, "format": 1.0, "used_tool": 1.0}
+        """
+        prediction = episode_prediction(episode, self.answer_tag)
+        # exact: the default relative tolerance would accept 18272728 for 18272727
+        correct = float(math_equal(prediction, str(episode.task.answer), rel_tol=0.0, abs_tol=0.0))
+        well_formed = extract_answer(episode.final_response, self.answer_tag) not in (None, "")
+        used_tool = any(call["name"] == TOOL_NAME and call["ok"] for call in episode.tool_calls)
+        return {
+            "reward": correct,
+            "correct": correct,
+            "format": float(well_formed),
+            "used_tool": float(used_tool),
+        }

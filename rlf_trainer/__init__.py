@@ -1,0 +1,11 @@
+"""RLF trainer half: GRPO-family losses, policies (Hugging Face, vLLM), offline models, chat helpers.
+
+Imports torch, transformers and accelerate (vLLM only inside :mod:`rlf_trainer.policy.vllm`, lazily);
+uses :mod:`rlf_envs` only through the Gymnasium API. Submodules are imported on demand so that
+``rlf-models`` and ``import rlf_trainer.losses`` stay light:
+
+    >>> from rlf_trainer.losses import group_advantages, policy_loss      # doctest: +SKIP
+    >>> from rlf_trainer.policy import HFPolicy, SamplingParams           # doctest: +SKIP
+    >>> from rlf_trainer.models import build_tiny_qwen3, prepare_smollm2  # doctest: +SKIP
+    >>> from rlf_trainer.chat import prompt_ids, tool_delta_ids           # doctest: +SKIP
+"""

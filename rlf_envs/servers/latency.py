@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import random
 from dataclasses import asdict, dataclass
 
@@ -48,18 +49,38 @@ def build_server(latency_ms: float = 100.0, jitter_ms: float = 0.0, seed: int = 
     counters = LatencyStats()
     rng = random.Random(seed)
 
+    peak_reached = asyncio.Event()
+    wanted_peak = 0
+
     @server.tool()
-    async def sleep(ms: float | None = None, payload: str = "") -> str:
-        """Wait `ms` milliseconds (default: the server's configured latency), then echo the payload."""
+    async def sleep(ms: float | None = None, payload: str = "", until_in_flight: int = 0) -> str:
+        """Wait `ms` milliseconds (default: the server's configured latency), then echo the payload.
+
+        With `until_in_flight` > 0 the call returns early, as soon as that many calls have been in
+        flight at once: a load-independent way for tests to prove concurrency (a serialising
+        client never gets there and every call waits its full `ms`).
+        """
+        nonlocal wanted_peak
         if ms is None:
             ms = max(0.0, latency_ms + rng.uniform(-jitter_ms, jitter_ms))
         counters.calls += 1
         counters.in_flight += 1
         counters.peak_in_flight = max(counters.peak_in_flight, counters.in_flight)
+        if until_in_flight > 0:
+            wanted_peak = until_in_flight
+            if counters.in_flight >= until_in_flight:
+                peak_reached.set()
         try:
-            await asyncio.sleep(max(0.0, ms) / 1000.0)
+            if until_in_flight > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(peak_reached.wait(), max(0.0, ms) / 1000.0)
+            else:
+                await asyncio.sleep(max(0.0, ms) / 1000.0)
         finally:
             counters.in_flight -= 1
+            if counters.in_flight == 0 and wanted_peak:
+                peak_reached.clear()
+                wanted_peak = 0
         return f"slept {ms:.1f} ms" + (f": {payload}" if payload else "")
 
     @server.tool()

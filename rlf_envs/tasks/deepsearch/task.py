@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import rlf_envs
+from rlf_envs.rewards.judge import JudgeReward
 from rlf_envs.rewards.rules import extract_answer, get_rule_reward
 from rlf_envs.tasks.base import Episode, RewardValue, Task, TaskInstance
 from rlf_envs.tasks.deepsearch.data import load_qa_splits, read_corpus
@@ -45,7 +46,11 @@ class DeepSearchTask(Task):
             ``train.*`` / ``test.*`` files, e.g. Search-R1's ``nq_hotpotqa_train``.
         corpus_path: corpus JSONL to index (cached by file identity) for the search tool.
         index_dir: a prebuilt index directory (``rlf-search-index``); wins over ``corpus_path``.
-        reward: a rule reward name from ``RULE_REWARDS`` ("exact_match", "f1", "contains", ...).
+        reward: a rule reward name from ``RULE_REWARDS`` ("exact_match", "f1", "contains", ...),
+            or "judge": an LLM judge (:class:`~rlf_envs.rewards.judge.JudgeReward`) at ``judge_url``
+            running ``judge_model`` scores the answer; ``em``/``f1`` are still reported.
+        judge_url, judge_model, judge_kwargs: the judge's OpenAI-compatible base URL, model name and
+            any further :class:`~rlf_envs.rewards.judge.JudgeReward` keyword arguments.
         format_reward: added when the answer is wrong (EM 0) but the final response has a
             well-formed ``<answer>`` block; 0.0 keeps a wrong answer at exactly 0.
         max_turns: assistant turns before the episode is truncated.
@@ -69,6 +74,9 @@ class DeepSearchTask(Task):
         max_turns: int = 4,
         top_k: int = 3,
         cache_dir: str | Path | None = None,
+        judge_url: str | None = None,
+        judge_model: str | None = None,
+        judge_kwargs: dict[str, Any] | None = None,
     ) -> None:
         if qa_path is not None and corpus_path is None and index_dir is None:
             raise ValueError("qa_path needs the corpus to search: pass corpus_path or index_dir as well")
@@ -77,6 +85,12 @@ class DeepSearchTask(Task):
         self.corpus_path = Path(corpus_path) if corpus_path is not None else None
         self.index_dir = Path(index_dir) if index_dir is not None else None
         self.reward_name = reward
+        self._judge: JudgeReward | None = None
+        if reward == "judge":
+            if judge_url is None or judge_model is None:
+                raise ValueError('reward="judge" needs judge_url and judge_model')
+            self._judge = JudgeReward(judge_url, judge_model, answer_tag=self.answer_tag, **(judge_kwargs or {}))
+            reward = "exact_match"  # still reported (em, f1) next to the judge's verdict
         self._reward_fn = get_rule_reward(reward)
         self.format_reward = float(format_reward)
         self.max_turns = max_turns
@@ -160,8 +174,11 @@ class DeepSearchTask(Task):
             >>> # {"reward": 1.0, "em": 1.0, "f1": 1.0, "format": 1.0}
         """
         scores = dict(self._reward_fn(episode))
+        if self._judge is not None:
+            scores.update(await self._judge(episode))  # "reward" becomes the judge's score
         well_formed = extract_answer(episode.final_response, self.answer_tag) not in (None, "")
         scores["format"] = float(well_formed)
-        if well_formed and scores["em"] == 0.0:
+        wrong = scores["reward"] == 0.0 if self._judge is not None else scores["em"] == 0.0
+        if well_formed and wrong:
             scores["reward"] = scores["reward"] + self.format_reward
         return scores

@@ -1,0 +1,166 @@
+"""Per-step numbers from a rollout batch, the run's metrics history, sample files and the learning curve.
+
+Example:
+    >>> history = MetricsHistory()
+    >>> history.add(1, {"reward/mean": 0.25})
+    >>> history.add(2, {"reward/mean": 0.5, "eval/reward": 0.4})
+    >>> history.series("reward/mean")
+    ([1, 2], [0.25, 0.5])
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlf_trainer.rollout import EpisodeStats
+
+
+def rollout_metrics(stats: Sequence[EpisodeStats], prefix: str = "") -> dict[str, float]:
+    """Reward, accuracy, tool use, turns, lengths and finish reasons of a batch's episodes.
+
+    ``accuracy`` (share of episodes whose ``em``/``acc`` counts as correct) and ``answered_rate``
+    appear only when the env reports them. ``tool_error_rate`` is errors per tool call.
+
+    Example:
+        >>> rollout_metrics([EpisodeStats(task_id="0", group=0, reward=1.0, tool_calls=2, tool_errors=1)])["tool_error_rate"]
+        0.5
+    """
+    if not stats:
+        return {}
+    rewards = np.array([s.reward for s in stats], dtype=np.float64)
+    calls = sum(s.tool_calls for s in stats)
+    errors = sum(s.tool_errors for s in stats)
+    out = {
+        "reward/mean": float(rewards.mean()),
+        "reward/std": float(rewards.std()),
+        "reward/max": float(rewards.max()),
+        "reward/min": float(rewards.min()),
+        "tool_calls_per_episode": calls / len(stats),
+        "tool_error_rate": errors / calls if calls else 0.0,
+        "turns": float(np.mean([s.turns for s in stats])),
+        "response_length": float(np.mean([s.response_length for s in stats])),
+        "total_length": float(np.mean([s.total_length for s in stats])),
+    }
+    correct = [s.correct for s in stats if s.correct is not None]
+    if correct:
+        out["accuracy"] = float(np.mean(correct))
+    answered = [s.answered for s in stats if s.answered is not None]
+    if answered:
+        out["answered_rate"] = float(np.mean(answered))
+    reasons = Counter(s.finish_reason for s in stats)
+    for reason, count in sorted(reasons.items()):
+        out[f"finish/{reason}"] = count / len(stats)
+    return {f"{prefix}{key}": value for key, value in out.items()}
+
+
+class MetricsHistory:
+    """Every logged step's scalars, kept to rewrite ``metrics.jsonl`` and draw the curve (also after a resume)."""
+
+    def __init__(self, records: list[dict[str, Any]] | None = None) -> None:
+        self.records: list[dict[str, Any]] = list(records or [])
+
+    def add(self, step: int, metrics: dict[str, float]) -> None:
+        clean = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
+        if self.records and self.records[-1]["step"] == step:
+            self.records[-1].update(clean)
+        else:
+            self.records.append({"step": step, **clean})
+
+    def series(self, key: str) -> tuple[list[int], list[float]]:
+        points = [(r["step"], r[key]) for r in self.records if key in r]
+        return [p[0] for p in points], [p[1] for p in points]
+
+    def write_jsonl(self, path: str | os.PathLike[str]) -> None:
+        tmp = Path(f"{path}.tmp")
+        with tmp.open("w", encoding="utf-8") as f:
+            for record in self.records:
+                f.write(json.dumps(record) + "\n")
+        os.replace(tmp, path)
+
+
+def plot_learning_curve(history: MetricsHistory, path: str | os.PathLike[str], title: str = "") -> Path:
+    """A PNG of reward mean per training step (with its std band) and eval reward, via matplotlib's Agg."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    steps, means = history.series("reward/mean")
+    if steps:
+        ax.plot(steps, means, marker="o", markersize=3, label="train reward (mean)")
+        std_steps, stds = history.series("reward/std")
+        if std_steps == steps:
+            low = np.array(means) - np.array(stds)
+            high = np.array(means) + np.array(stds)
+            ax.fill_between(steps, low, high, alpha=0.15)
+    eval_steps, eval_rewards = history.series("eval/reward")
+    if eval_steps:
+        ax.plot(eval_steps, eval_rewards, marker="s", markersize=4, label="eval reward")
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward")
+    ax.set_title(title or "learning curve")
+    ax.grid(alpha=0.3)
+    if steps or eval_steps:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return Path(path)
+
+
+def sample_records(
+    stats_list: Sequence[EpisodeStats],
+    transcripts: Sequence[list[dict[str, Any]]],
+    *,
+    step: int,
+    limit: int,
+    kind: str,
+) -> list[dict[str, Any]]:
+    """The first ``limit`` episodes as JSON records: prompt, transcript, reward and stats."""
+    records = []
+    for stats, transcript in list(zip(stats_list, transcripts, strict=True))[:limit]:
+        prompt = next((m.get("content") for m in transcript if m.get("role") == "user"), None)
+        records.append(
+            {
+                "kind": kind,
+                "step": step,
+                "task_id": stats.task_id,
+                "group": stats.group,
+                "prompt": prompt,
+                "transcript": _jsonable(transcript),
+                "reward": stats.reward,
+                "reward_info": _jsonable(stats.reward_info),
+                "turns": stats.turns,
+                "tool_calls": stats.tool_calls,
+                "finish_reason": stats.finish_reason,
+                "response_length": stats.response_length,
+            }
+        )
+    return records
+
+
+def append_jsonl(path: str | os.PathLike[str], records: list[dict[str, Any]]) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return str(value)

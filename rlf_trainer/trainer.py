@@ -1,0 +1,715 @@
+"""GRPOTrainer: the Accelerate loop of rollouts, group advantages and clipped policy-gradient updates.
+
+One step, top to bottom (:meth:`GRPOTrainer.train_step`):
+
+1. draw ``rollout.prompts_per_step`` train prompts (this process takes its share) and play
+   ``group_size`` episodes of each in the vector env with the policy (:func:`rollout.run_rollout`);
+2. advantages ``A = (r - mean_group) / std_group`` (:func:`losses.group_advantages`); with
+   ``algorithm.dynamic_sampling`` the groups whose rewards are all equal are dropped (DAPO);
+3. the batch is split into ``optim.gradient_accumulation_steps`` micro-batches; each does one
+   forward pass, token log-probs ``log softmax(logits)[token]`` at temperature 1 (the definition the
+   policy records), the chosen loss (+ ``beta * KL`` to the reference model) and a backward;
+4. clip the gradient norm, optimizer and LR-scheduler step, push the weights to a vLLM policy.
+
+Everything random in a step is a function of ``(seed, step)`` (see :mod:`rlf_trainer.checkpoint`),
+so resuming from a checkpoint reproduces the steps of an uninterrupted run.
+
+Example:
+    >>> from rlf_trainer.config import load_config
+    >>> trainer = GRPOTrainer(load_config("examples/configs/tiny_test.yaml"))   # doctest: +SKIP
+    >>> history = trainer.train()                                                # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import math
+import os
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from accelerate.utils import gather_object
+
+from rlf_trainer import checkpoint as ckpt
+from rlf_trainer.config import Config, ConfigError, dump_config
+from rlf_trainer.losses import (
+    group_advantages,
+    kl_k1,
+    kl_k2,
+    kl_k3,
+    masked_mean,
+    policy_loss,
+    selective_log_softmax,
+    seq_mean_token_mean,
+    token_entropy,
+    token_sum_over_constant,
+    zero_variance_groups,
+)
+from rlf_trainer.metrics import (
+    MetricsHistory,
+    append_jsonl,
+    plot_learning_curve,
+    rollout_metrics,
+    sample_records,
+)
+from rlf_trainer.policy.base import Policy, SamplingParams
+from rlf_trainer.rollout import EpisodeStats, RolloutBatch, run_rollout
+
+logger = logging.getLogger(__name__)
+
+KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+_ENTROPY_CHUNK = 1024  # token rows per entropy chunk: bounds the [rows, vocab] softmax
+
+
+# ---------------------------------------------------------------------------------------------------
+# Small pieces: model path, LR schedule, import strings
+# ---------------------------------------------------------------------------------------------------
+
+
+def resolve_model_path(config: Config) -> str:
+    """``model.path``, building the offline model first when ``model.prepare`` asks for one."""
+    raw = os.path.expandvars(os.path.expanduser(config.model.path)) if config.model.path else ""
+    prepare = config.model.prepare
+    if prepare is None:
+        return raw
+    from rlf_trainer import models
+
+    if prepare == "tiny-qwen3":
+        return str(models.build_tiny_qwen3(raw or models.default_cache_dir() / "tiny-qwen3"))
+    if raw and Path(raw).name != "smollm2-135m":
+        raise ConfigError(
+            "model.prepare=smollm2-135m builds <dir>/smollm2-135m: set model.path to such a folder"
+        )
+    return str(models.prepare_smollm2(Path(raw).parent if raw else None))
+
+
+class LRSchedule:
+    """Linear warmup, then constant / linear / cosine decay to ``min_ratio`` at ``total_steps``.
+
+    A callable object (not a lambda) so LambdaLR's state dict can save it.
+
+    Example:
+        >>> [round(LRSchedule("linear", warmup_steps=2, total_steps=6)(s), 2) for s in range(7)]
+        [0.0, 0.5, 1.0, 0.75, 0.5, 0.25, 0.0]
+    """
+
+    def __init__(self, kind: str, *, warmup_steps: int, total_steps: int, min_ratio: float = 0.0) -> None:
+        self.kind, self.warmup_steps, self.total_steps, self.min_ratio = (
+            kind,
+            warmup_steps,
+            total_steps,
+            min_ratio,
+        )
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return step / max(1, self.warmup_steps)
+        if self.kind == "constant":
+            return 1.0
+        progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
+        decay = 1.0 - progress if self.kind == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+        return self.min_ratio + (1.0 - self.min_ratio) * decay
+
+
+def import_object(spec: str) -> Any:
+    """``"package.module:attr"`` -> the object (``"package.module.attr"`` works too)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep:
+        module_name, _, attr = spec.rpartition(".")
+    if not module_name or not attr:
+        raise ConfigError(f"import string {spec!r} is not of the form 'package.module:attr'")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot import {spec!r}: {exc}") from exc
+    return obj
+
+
+def env_kwargs(config: Config) -> dict[str, Any]:
+    """The kwargs for ``gym.make_vec``: ``env.kwargs`` + resolved ``env.import_kwargs`` + rollout limits."""
+    kwargs = dict(config.env.kwargs)
+    for key, spec in config.env.import_kwargs.items():
+        kwargs[key] = [import_object(s) for s in spec] if isinstance(spec, list) else import_object(spec)
+    if config.rollout.max_turns is not None:
+        kwargs["max_turns"] = config.rollout.max_turns
+    kwargs["autoreset_mode"] = "Disabled"  # a finished episode must stay finished until the batch ends
+    return kwargs
+
+
+def _flat_hparams(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(_flat_hparams(value, f"{name}."))
+        elif isinstance(value, bool | int | float | str):
+            out[name] = value
+        else:
+            out[name] = str(value)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# The trainer
+# ---------------------------------------------------------------------------------------------------
+
+
+class GRPOTrainer:
+    """Builds everything a run needs from a :class:`~rlf_trainer.config.Config`; :meth:`train` runs it.
+
+    Attributes worth reading after a step: ``step`` (optimizer steps done), ``history``
+    (:class:`~rlf_trainer.metrics.MetricsHistory`), ``last_batch`` (the last training
+    :class:`~rlf_trainer.rollout.RolloutBatch`), ``run_dir``.
+    """
+
+    def __init__(self, config: Config) -> None:
+        from accelerate import Accelerator
+        from accelerate.utils import set_seed
+
+        self.config = config.validate()
+        self.run_dir = config.run_dir
+        self.accelerator = Accelerator(
+            gradient_accumulation_steps=config.optim.gradient_accumulation_steps,
+            mixed_precision=config.mixed_precision,
+            log_with="tensorboard" if config.logging.tensorboard else None,
+            project_dir=str(self.run_dir),
+        )
+        acc = self.accelerator
+        set_seed(config.seed)
+        if config.rollout.prompts_per_step % acc.num_processes:
+            raise ConfigError(
+                f"rollout.prompts_per_step={config.rollout.prompts_per_step} must be a multiple of "
+                f"the {acc.num_processes} processes"
+            )
+        self.local_prompts = config.rollout.prompts_per_step // acc.num_processes
+        self.group_size = config.algorithm.group_size
+        if acc.is_main_process:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            dump_config(config, self.run_dir / "config.yaml")
+
+        with acc.main_process_first():
+            self.model_path = resolve_model_path(config)
+        self.tokenizer = self._load_tokenizer()
+        model = self._load_model()
+        self.ref_model = (
+            self._load_reference() if config.algorithm.beta > 0 and not config.lora.enabled else None
+        )
+        optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=config.optim.lr,
+            betas=(config.optim.adam_beta1, config.optim.adam_beta2),
+            eps=config.optim.adam_eps,
+            weight_decay=config.optim.weight_decay,
+        )
+        self.model, self.optimizer = acc.prepare(model, optimizer)
+        # Stepped by hand once per optimizer step (Accelerate's wrapper would step it once per process).
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            LRSchedule(
+                config.optim.schedule,
+                warmup_steps=config.optim.warmup_steps,
+                total_steps=config.max_steps,
+                min_ratio=config.optim.min_lr_ratio,
+            ),
+        )
+        acc.register_for_checkpointing(self.scheduler)
+        if self.ref_model is not None:
+            # Not through accelerator.prepare: it would be saved in every checkpoint. A frozen full
+            # copy per process (in bf16 under bf16 mixed precision) is all the KL term needs.
+            self.ref_model.to(acc.device)
+
+        self.step = 0
+        self.history = MetricsHistory()
+        self.last_batch: RolloutBatch | None = None
+        self._last_saved_step: int | None = None
+        self._last_eval_step: int | None = None
+        self.envs = self._make_envs()
+        try:  # the envs run tool-server processes: never leave them behind on a failed start
+            self.sampler = ckpt.PromptSampler(self._num_train_tasks(), config.seed)
+            self.policy: Policy = self._make_policy()
+            self._resume()
+            acc.init_trackers("tensorboard", config=_flat_hparams(config.to_dict()))
+        except BaseException:
+            self.envs.close()
+            raise
+
+    # ------------------------------------------------------------------------------ construction
+    def _load_tokenizer(self) -> Any:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(
+            self.model_path, trust_remote_code=self.config.model.trust_remote_code
+        )
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        return tokenizer
+
+    def _from_pretrained(self) -> Any:
+        from transformers import AutoModelForCausalLM
+
+        dtype = self.config.model.dtype
+        return AutoModelForCausalLM.from_pretrained(
+            self.model_path,
+            dtype=dtype if dtype == "auto" else getattr(torch, dtype),
+            trust_remote_code=self.config.model.trust_remote_code,
+        )
+
+    def _load_model(self) -> Any:
+        cfg = self.config
+        model = self._from_pretrained()
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.config.use_cache = False
+        if cfg.lora.enabled:
+            from peft import LoraConfig as PeftLoraConfig
+            from peft import get_peft_model
+
+            if cfg.gradient_checkpointing:
+                model.enable_input_require_grads()
+            model = get_peft_model(
+                model,
+                PeftLoraConfig(
+                    r=cfg.lora.r,
+                    lora_alpha=cfg.lora.alpha,
+                    lora_dropout=cfg.lora.dropout,
+                    target_modules=cfg.lora.target_modules,
+                    task_type="CAUSAL_LM",
+                ),
+            )
+        model.train()
+        return model
+
+    def _load_reference(self) -> Any:
+        ref = self._from_pretrained()
+        if self.config.mixed_precision == "bf16":
+            ref = ref.to(torch.bfloat16)
+        ref.requires_grad_(False)
+        ref.eval()
+        return ref
+
+    def _make_envs(self) -> Any:
+        import gymnasium as gym
+
+        with contextlib.suppress(ImportError):
+            import rlf_envs  # noqa: F401  (registers the RLF/* ids; other registered envs work too)
+        num_envs = self.local_prompts * self.group_size
+        return gym.make_vec(self.config.env.id, num_envs=num_envs, **env_kwargs(self.config))
+
+    def _num_train_tasks(self) -> int | None:
+        if self.config.env.num_train_tasks is not None:
+            return self.config.env.num_train_tasks
+        # Optional extension of the env contract: a vector env may report its split sizes.
+        reporter = getattr(self.envs.unwrapped, "num_tasks", None)
+        if callable(reporter):
+            with contextlib.suppress(Exception):
+                return int(reporter(self.config.env.train_split))
+        return None
+
+    def _make_policy(self) -> Policy:
+        cfg = self.config
+        if cfg.policy.backend == "hf":
+            from rlf_trainer.policy.hf import HFPolicy
+
+            return HFPolicy(self.accelerator.unwrap_model(self.model), self.tokenizer)
+        from rlf_trainer.policy.vllm import VLLMPolicy
+
+        v = cfg.policy.vllm
+        return VLLMPolicy(
+            self.model_path,
+            tensor_parallel_size=v.tensor_parallel_size,
+            gpu_memory_utilization=v.gpu_memory_utilization,
+            enable_sleep_mode=v.enable_sleep_mode,
+            dtype=v.dtype,
+            max_model_len=v.max_model_len,
+            seed=cfg.seed + self.accelerator.process_index,
+            tokenizer=self.tokenizer,
+        )
+
+    def _resume(self) -> None:
+        path = ckpt.resolve_resume(self.config.checkpoint.resume, self.config.checkpoint_dir)
+        if path is None:
+            return
+        state = ckpt.read_state(path)
+        expected = self.sampler.state(state["step"], self.config.rollout.prompts_per_step)
+        if state.get("sampler") != expected:
+            logger.warning(
+                "resuming from %s with a different prompt stream (%s != %s): steps will differ from the original run",
+                path,
+                state.get("sampler"),
+                expected,
+            )
+        self.accelerator.load_state(str(path))
+        self.step = int(state["step"])
+        self.history = MetricsHistory(state.get("history", []))
+        self._last_saved_step = self.step
+        self._last_eval_step = state.get("last_eval_step")
+        self._sync_policy_weights()
+        if self.accelerator.is_main_process:
+            logger.warning("resumed from %s at step %d", path, self.step)
+
+    # ------------------------------------------------------------------------------ training
+    def train(self) -> MetricsHistory:
+        """Run until ``max_steps``: steps, evals, checkpoints; then the final checkpoint, curve and metrics."""
+        cfg = self.config
+        try:
+            with self._progress() as advance:
+                while self.step < cfg.max_steps:
+                    metrics = self.train_step()
+                    if cfg.eval.every and self.step % cfg.eval.every == 0:
+                        metrics.update(self.evaluate())
+                    self._log(metrics)
+                    advance(metrics)
+                    if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
+                        self.save_checkpoint()
+            if cfg.checkpoint.save_final and self._last_saved_step != self.step:
+                self.save_checkpoint()
+            self._write_run_files()
+        finally:
+            self.close()
+        return self.history
+
+    def train_step(self) -> dict[str, float]:
+        """One rollout + one optimizer step. Returns this step's metrics (averaged over processes)."""
+        cfg, acc = self.config, self.accelerator
+        started = time.perf_counter()
+        prompts = self.sampler.indices(self.step, cfg.rollout.prompts_per_step)
+        local = prompts[acc.process_index * self.local_prompts : (acc.process_index + 1) * self.local_prompts]
+        sampling = SamplingParams(
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p,
+            top_k=cfg.rollout.top_k,
+            seed=ckpt.step_seed(cfg.seed, self.step, acc.process_index),
+        )
+        self.policy.wake_up()
+        batch = run_rollout(
+            self.envs,
+            self.policy,
+            local,
+            group_size=self.group_size,
+            sampling=sampling,
+            max_total_tokens=cfg.rollout.max_total_tokens,
+            split=cfg.env.train_split,
+        )
+        self.policy.sleep()
+        self.last_batch = batch
+
+        normalize = cfg.algorithm.normalize_std
+        if normalize is None:
+            normalize = cfg.algorithm.loss != "dr_grpo"
+        advantages = group_advantages(batch.rewards, self.group_size, normalize_std=normalize)
+        flat = zero_variance_groups(batch.rewards, self.group_size)
+        keep = list(range(len(batch)))
+        if cfg.algorithm.dynamic_sampling:
+            keep = [i for i in keep if not bool(flat[i // self.group_size])]
+
+        train_started = time.perf_counter()
+        update = self._update(batch, advantages, keep)
+        if cfg.policy.backend == "vllm":
+            self._sync_policy_weights()
+        train_s = time.perf_counter() - train_started
+        self.step += 1
+
+        metrics = rollout_metrics(batch.stats)
+        metrics.update(update)
+        metrics["groups/zero_variance"] = float(flat.float().mean())
+        metrics["kept_episodes"] = float(len(keep))
+        metrics["time/generate"] = batch.timings["generate"]
+        metrics["time/tools"] = batch.timings["tools+reward"]  # env.step wall: tool calls + reward
+        metrics["time/tokenize"] = batch.timings["tokenize"]
+        metrics["time/train"] = train_s
+        step_s = time.perf_counter() - started
+        metrics["time/step"] = step_s
+        metrics["samples/s"] = len(batch) * acc.num_processes / step_s
+        metrics = self._mean_over_processes(metrics)
+        if cfg.logging.samples_jsonl and cfg.logging.samples_per_step and acc.is_main_process:
+            append_jsonl(
+                self.run_dir / "train_samples.jsonl",
+                sample_records(
+                    batch.stats,
+                    batch.transcripts,
+                    step=self.step,
+                    limit=cfg.logging.samples_per_step,
+                    kind="train",
+                ),
+            )
+        return metrics
+
+    def _update(self, batch: RolloutBatch, advantages: torch.Tensor, keep: list[int]) -> dict[str, float]:
+        """Micro-batched forward/backward over the kept episodes, then one optimizer step."""
+        cfg, acc = self.config, self.accelerator
+        # The effective value: a DeepSpeed config or ACCELERATE_GRADIENT_ACCUMULATION_STEPS may override ours.
+        steps = acc.gradient_accumulation_steps
+        kept_total = acc.reduce(torch.tensor(float(len(keep)), device=acc.device), reduction="sum")
+        if float(kept_total) == 0.0:  # every group of every process had equal rewards: no signal at all
+            return {"skipped_update": 1.0, "lr": self.scheduler.get_last_lr()[0]}
+        kept_tokens = float(batch.loss_mask[keep, 1:].sum()) if keep else 0.0
+        sums: dict[str, float] = defaultdict(float)
+        grad_norm: float | None = None
+        self.model.train()
+        acc.step = 0  # Accelerate's micro-step counter: this optimizer step is exactly `steps` micro-batches
+        for rows in np.array_split(np.array(keep, dtype=np.int64), steps):
+            dummy = len(rows) == 0
+            # Every process runs the same number of forward/backward passes (collectives stay in step);
+            # a process with nothing left runs one row with weight 0.
+            micro = batch.select([0] if dummy else rows.tolist()).to(acc.device)
+            adv = advantages[[0] if dummy else rows.tolist()].to(acc.device)
+            if dummy:
+                weight = 0.0
+            elif cfg.algorithm.loss == "dapo":  # token-level mean over the whole batch
+                weight = float(micro.loss_mask[:, 1:].sum()) / max(kept_tokens, 1.0)
+            else:  # per-sequence means, averaged over the batch's sequences
+                weight = len(rows) / len(keep)
+            with acc.accumulate(self.model):
+                loss, micro_metrics = self._micro_loss(micro, adv)
+                # accelerate / DeepSpeed divide by the accumulation steps; undo it: the weights sum to 1.
+                acc.backward(loss * (weight * steps))
+                if acc.sync_gradients and cfg.optim.max_grad_norm > 0:
+                    norm = acc.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)
+                    grad_norm = float(norm) if norm is not None else None
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+            for key, value in micro_metrics.items():
+                sums[key] += value * weight
+        if not acc.sync_gradients:  # pragma: no cover - the loop always runs exactly `steps` micro-batches
+            raise RuntimeError("gradient accumulation went out of step with the micro-batches")
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        out = dict(sums)
+        out["lr"] = lr
+        if grad_norm is not None:
+            out["grad_norm"] = grad_norm
+        return out
+
+    def _micro_loss(
+        self, micro: RolloutBatch, advantages: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        cfg = self.config
+        algo = cfg.algorithm
+        targets = micro.input_ids[:, 1:]
+        mask = micro.loss_mask[:, 1:].float()
+        logits = self.model(
+            input_ids=micro.input_ids, attention_mask=micro.attention_mask, use_cache=False
+        ).logits
+        logits = logits[:, :-1]
+        # Temperature 1: the policy records raw logprobs, whatever temperature it sampled with.
+        logp = selective_log_softmax(logits, targets)
+        rollout_logp = micro.old_logprobs[:, 1:]
+        old_logp = logp.detach() if algo.old_logprobs == "recompute" else rollout_logp
+        loss, metrics = policy_loss(
+            algo.loss,
+            logp,
+            old_logp,
+            advantages,
+            mask,
+            eps_low=algo.clip_eps_low,
+            eps_high=algo.clip_eps_high,
+            max_len=cfg.rollout.max_total_tokens,
+        )
+        out = {"loss": 0.0, **{k: float(v) for k, v in metrics.items()}}
+        if algo.beta > 0:
+            ref_logp = self._reference_logprobs(micro, targets)
+            kl = KL_ESTIMATORS[algo.kl_estimator](logp, ref_logp)
+            loss = loss + algo.beta * self._aggregate(kl, mask)
+            out["kl"] = float(masked_mean(kl.detach(), mask))
+        with torch.no_grad():
+            log_ratio = logp.detach() - rollout_logp
+            out["sampler_kl"] = float(masked_mean(torch.exp(log_ratio) - 1 - log_ratio, mask))
+            out["entropy"] = self._masked_entropy(logits.detach(), mask)
+        out["loss"] = float(loss.detach())
+        return loss, out
+
+    def _aggregate(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The KL term aggregated like the variant's policy loss, so the micro-batch weights apply to both."""
+        loss = self.config.algorithm.loss
+        if loss == "dapo":
+            return masked_mean(values, mask)
+        if loss == "dr_grpo":
+            return token_sum_over_constant(values, mask, self.config.rollout.max_total_tokens)
+        return seq_mean_token_mean(values, mask)
+
+    def _reference_logprobs(self, micro: RolloutBatch, targets: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            if self.ref_model is not None:
+                logits = self.ref_model(
+                    input_ids=micro.input_ids, attention_mask=micro.attention_mask, use_cache=False
+                ).logits
+            else:  # LoRA: the reference is the base model, adapters switched off
+                with self.accelerator.unwrap_model(self.model).disable_adapter():
+                    logits = self.model(
+                        input_ids=micro.input_ids, attention_mask=micro.attention_mask, use_cache=False
+                    ).logits
+            return selective_log_softmax(logits[:, :-1], targets)
+
+    @staticmethod
+    def _masked_entropy(logits: torch.Tensor, mask: torch.Tensor) -> float:
+        rows = logits[mask.bool()]
+        if rows.shape[0] == 0:
+            return 0.0
+        total = sum(
+            float(token_entropy(rows[i : i + _ENTROPY_CHUNK]).sum())
+            for i in range(0, rows.shape[0], _ENTROPY_CHUNK)
+        )
+        return total / rows.shape[0]
+
+    def _sync_policy_weights(self) -> None:
+        """Give a non-shared policy (vLLM) the current weights; sharded models are gathered first."""
+        if self.config.policy.backend != "vllm":
+            return
+        with self._full_parameters():
+            self.policy.update_weights(self.accelerator.unwrap_model(self.model))
+
+    @contextlib.contextmanager
+    def _full_parameters(self) -> Iterator[None]:
+        acc = self.accelerator
+        kind = acc.distributed_type.value
+        if kind == "DEEPSPEED" and acc.state.deepspeed_plugin.zero_stage == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(self.model.parameters())):
+                yield
+        elif kind == "FSDP":
+            from torch.distributed.fsdp import FullyShardedDataParallel
+
+            with FullyShardedDataParallel.summon_full_params(self.model, writeback=False):
+                yield
+        else:
+            yield
+
+    # ------------------------------------------------------------------------------ evaluation
+    def evaluate(self) -> dict[str, float]:
+        """``eval.num_prompts`` test prompts, one sample each at ``eval.temperature``; logs samples JSONL."""
+        cfg, acc = self.config, self.accelerator
+        self._last_eval_step = self.step
+        mine = list(range(cfg.eval.num_prompts))[acc.process_index :: acc.num_processes]
+        num_envs = self.local_prompts * self.group_size
+        stats: list[EpisodeStats] = []
+        transcripts: list[list[dict[str, Any]]] = []
+        self.policy.wake_up()
+        for chunk_start in range(0, len(mine), num_envs):
+            chunk = mine[chunk_start : chunk_start + num_envs]
+            padded = chunk + [chunk[-1]] * (num_envs - len(chunk))
+            batch = run_rollout(
+                self.envs,
+                self.policy,
+                padded,
+                group_size=1,
+                sampling=SamplingParams(
+                    max_new_tokens=cfg.rollout.max_new_tokens,
+                    temperature=cfg.eval.temperature,
+                    top_p=cfg.eval.top_p,
+                    seed=ckpt.step_seed(cfg.seed, self.step, acc.process_index, 1 << 20, chunk_start),
+                ),
+                max_total_tokens=cfg.rollout.max_total_tokens,
+                split=cfg.env.test_split,
+            )
+            stats.extend(batch.stats[: len(chunk)])
+            transcripts.extend(batch.transcripts[: len(chunk)])
+        self.policy.sleep()
+        metrics = rollout_metrics(stats, prefix="eval/")
+        metrics = {("eval/reward" if k == "eval/reward/mean" else k): v for k, v in metrics.items()}
+        metrics = self._mean_over_processes(metrics)
+        if cfg.logging.samples_jsonl:
+            records = sample_records(
+                stats, transcripts, step=self.step, limit=cfg.eval.samples_to_log, kind="eval"
+            )
+            if acc.num_processes > 1:  # every process evaluated its share of the prompts
+                records = gather_object(records)[: cfg.eval.samples_to_log]
+            if acc.is_main_process:
+                append_jsonl(self.run_dir / "eval_samples.jsonl", records)
+        return metrics
+
+    # ------------------------------------------------------------------------------ bookkeeping
+    def save_checkpoint(self) -> Path:
+        """``accelerator.save_state`` + ``trainer_state.json`` into ``<checkpoint dir>/step_<k>``."""
+        cfg, acc = self.config, self.accelerator
+        path = ckpt.checkpoint_path(cfg.checkpoint_dir, self.step)
+        acc.wait_for_everyone()
+        acc.save_state(str(path))
+        if acc.is_main_process:
+            ckpt.write_state(
+                path,
+                {
+                    "step": self.step,
+                    "sampler": self.sampler.state(self.step, cfg.rollout.prompts_per_step),
+                    "rng": {
+                        "seed": cfg.seed,
+                        "next_generation_seed": ckpt.step_seed(cfg.seed, self.step, 0),
+                        "process_states": "random_states_<rank>.pkl (python, numpy, torch; saved by Accelerate)",
+                    },
+                    "last_eval_step": self._last_eval_step,
+                    "history": self.history.records,
+                },
+            )
+            ckpt.prune_checkpoints(cfg.checkpoint_dir, cfg.checkpoint.keep_last)
+        acc.wait_for_everyone()
+        self._last_saved_step = self.step
+        return path
+
+    def _log(self, metrics: dict[str, float]) -> None:
+        self.history.add(self.step, metrics)
+        self.accelerator.log(metrics, step=self.step)
+        if self.accelerator.is_main_process:
+            self.history.write_jsonl(self.run_dir / "metrics.jsonl")
+
+    def _write_run_files(self) -> None:
+        if not self.accelerator.is_main_process:
+            return
+        self.history.write_jsonl(self.run_dir / "metrics.jsonl")
+        plot_learning_curve(
+            self.history, self.run_dir / "learning_curve.png", title=self.config.logging.run_name
+        )
+
+    def _mean_over_processes(self, metrics: dict[str, float]) -> dict[str, float]:
+        acc = self.accelerator
+        if acc.num_processes == 1:
+            return metrics
+        gathered: list[dict[str, float]] = gather_object([metrics])
+        keys = sorted({k for m in gathered for k in m})
+        return {k: float(np.mean([m[k] for m in gathered if k in m])) for k in keys}
+
+    @contextlib.contextmanager
+    def _progress(self) -> Iterator[Callable[[dict[str, float]], None]]:
+        enabled = (
+            self.config.logging.progress_bar and self.accelerator.is_main_process and sys.stdout.isatty()
+        )
+        if not enabled:
+            yield lambda metrics: None
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        columns = (
+            TextColumn("[bold]GRPO"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.description}"),
+        )
+        with Progress(*columns) as progress:
+            task = progress.add_task("", total=self.config.max_steps, completed=self.step)
+
+            def advance(metrics: dict[str, float]) -> None:
+                text = f"reward {metrics.get('reward/mean', float('nan')):.3f}"
+                if "eval/reward" in metrics:
+                    text += f"  eval {metrics['eval/reward']:.3f}"
+                progress.update(task, completed=self.step, description=text)
+
+            yield advance
+
+    def close(self) -> None:
+        """End the trackers (flushes TensorBoard) and close the envs (stops their tool servers)."""
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
+        self.accelerator.end_training()
+        self.envs.close()

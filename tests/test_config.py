@@ -1,0 +1,145 @@
+"""rlf_trainer.config: YAML loading, dotted overrides, errors that name the key; the shipped configs load."""
+
+from pathlib import Path
+
+import pytest
+
+from rlf_trainer.config import Config, ConfigError, dump_config, load_config, parse_override
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_yaml_values_land_in_nested_dataclasses_and_defaults_fill_the_rest(tmp_path):
+    cfg = load_config(
+        write(
+            tmp_path,
+            """
+model: {path: /models/x, dtype: bfloat16}
+env:
+  id: RLF/ToolUse-v0
+  kwargs: {tasks: tasks.jsonl, reward: f1}
+algorithm: {loss: dapo, group_size: 8, clip_eps_high: 0.28, dynamic_sampling: true}
+optim: {lr: 1.0e-6, schedule: cosine, gradient_accumulation_steps: 4}
+lora: {enabled: true, target_modules: all-linear}
+policy: {backend: vllm, vllm: {tensor_parallel_size: 2, gpu_memory_utilization: 0.5}}
+max_steps: 7
+""",
+        )
+    )
+    assert cfg.model.dtype == "bfloat16" and cfg.env.kwargs == {"tasks": "tasks.jsonl", "reward": "f1"}
+    assert (cfg.algorithm.loss, cfg.algorithm.group_size, cfg.algorithm.dynamic_sampling) == ("dapo", 8, True)
+    assert cfg.optim.lr == 1e-6 and cfg.optim.schedule == "cosine"
+    assert cfg.lora.target_modules == "all-linear"
+    assert cfg.policy.vllm.tensor_parallel_size == 2 and cfg.policy.vllm.enable_sleep_mode is True
+    assert cfg.max_steps == 7 and cfg.rollout.temperature == 1.0  # untouched default
+    assert cfg.run_dir == Path("runs") / "grpo"
+
+
+def test_overrides_follow_yaml_rules_and_win_over_the_file(tmp_path):
+    path = write(tmp_path, "model: {path: a}\noptim: {lr: 0.1}\n")
+    cfg = load_config(
+        path,
+        [
+            "optim.lr=1e-5",  # YAML 1.1 would leave this a string
+            "rollout.max_turns=3",
+            "eval.every=0",
+            "lora.enabled=true",
+            "lora.target_modules=[q_proj, v_proj]",
+            "env.kwargs.max_result_chars=500",
+            "env.kwargs.mcp_servers={mcpServers: {s: {url: 'http://127.0.0.1:1/mcp'}}}",
+            "checkpoint.dir=null",
+            "logging.run_name=my run",
+        ],
+    )
+    assert cfg.optim.lr == 1e-5 and isinstance(cfg.optim.lr, float)
+    assert cfg.rollout.max_turns == 3 and cfg.lora.enabled is True
+    assert cfg.lora.target_modules == ["q_proj", "v_proj"]
+    assert cfg.env.kwargs["max_result_chars"] == 500
+    assert cfg.env.kwargs["mcp_servers"]["mcpServers"]["s"]["url"] == "http://127.0.0.1:1/mcp"
+    assert cfg.checkpoint.dir is None and cfg.logging.run_name == "my run"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["optim.lrr=1"], "unknown key 'optim.lrr'; valid keys in 'optim': adam_beta1"),
+        (["bogus=1"], "unknown key 'bogus'; valid keys at the top level: algorithm, checkpoint"),
+        (
+            ["policy.vllm.tp=2"],
+            "unknown key 'policy.vllm.tp'; valid keys in 'policy.vllm': dtype, enable_sleep_mode",
+        ),
+        (
+            ["algorithm.loss=ppo"],
+            "algorithm.loss must be one of ['grpo', 'dr_grpo', 'dapo', 'gspo'], got 'ppo'",
+        ),
+        (["algorithm.group_size=four"], "algorithm.group_size must be an integer, got 'four'"),
+        (["algorithm.group_size=2.5"], "algorithm.group_size must be an integer"),
+        (["lora.enabled=maybe"], "lora.enabled must be true or false"),
+        (["optim.lr=fast"], "optim.lr must be a number, got 'fast'"),
+        (["rollout.max_turns=[1]"], "rollout.max_turns: [1] matches none of"),
+        (["optim=3"], "optim must be a mapping"),
+        (["optim.lr"], "not of the form dotted.key=value"),
+        (["optim..lr=1"], "not of the form dotted.key=value"),
+        (["algorithm.group_size=0"], "algorithm.group_size must be >= 1"),
+        (["rollout.max_total_tokens=10", "rollout.max_new_tokens=20"], "max_total_tokens must exceed"),
+        (["algorithm.clip_eps_low=0.2", "algorithm.clip_eps_high=0.3"], "use algorithm.loss=dapo"),
+        (["model.path=''"], "model.path is required"),
+    ],
+)
+def test_bad_keys_and_values_are_errors_naming_the_key(overrides, message):
+    base = [] if any(o.startswith("model.path") for o in overrides) else ["model.path=m"]
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(None, base + overrides)
+    assert message in str(excinfo.value)
+
+
+def test_unknown_key_in_a_file_is_an_error(tmp_path):
+    path = write(tmp_path, "model: {path: m}\nrollout: {temprature: 0.7}\n")
+    with pytest.raises(
+        ConfigError, match=r"unknown key 'rollout.temprature'; valid keys in 'rollout': .*temperature"
+    ):
+        load_config(path)
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(write(tmp_path, "- a\n- b\n"))
+
+
+def test_parse_override_types():
+    assert parse_override("a.b=3") == ("a.b", 3)
+    assert parse_override("a=true") == ("a", True)
+    assert parse_override("a=null") == ("a", None)
+    assert parse_override("a=x=y") == ("a", "x=y")
+    assert parse_override("a=") == ("a", "")
+
+
+def test_dump_then_load_round_trips(tmp_path):
+    cfg = load_config(None, ["model.path=m", "optim.lr=3e-6", "env.kwargs.reward=f1"])
+    cfg.env.kwargs["python_tools"] = [print]  # objects from Python are recorded by name, not lost
+    dump_config(cfg, tmp_path / "out.yaml")
+    text = (tmp_path / "out.yaml").read_text()
+    assert "built-in function print" in text
+    cfg.env.kwargs.pop("python_tools")
+    dump_config(cfg, tmp_path / "out.yaml")
+    assert load_config(tmp_path / "out.yaml") == cfg
+
+
+@pytest.mark.parametrize("name", ["deepsearch_qwen3_4b.yaml", "smollm2_cpu.yaml", "tiny_test.yaml"])
+def test_shipped_configs_load(name):
+    cfg = load_config(EXAMPLES / name)
+    assert isinstance(cfg, Config) and cfg.max_steps > 0
+
+
+def test_deepsearch_recipe_matches_rl_factory():
+    cfg = load_config(EXAMPLES / "deepsearch_qwen3_4b.yaml")
+    assert cfg.model.path == "Qwen/Qwen3-4B" and cfg.algorithm.loss == "grpo"
+    assert cfg.rollout.prompts_per_step == 128 and cfg.algorithm.group_size == 4
+    assert cfg.optim.lr == 1e-6 and cfg.algorithm.beta == 0.001 and cfg.algorithm.kl_estimator == "k3"
+    assert cfg.rollout.max_new_tokens == 512 and 2 <= cfg.rollout.max_turns <= 4
+    assert (cfg.rollout.temperature, cfg.rollout.top_p) == (0.7, 0.95)
+    assert cfg.policy.backend == "vllm" and cfg.policy.vllm.gpu_memory_utilization == 0.75
+    assert cfg.mixed_precision == "bf16" and cfg.gradient_checkpointing is True

@@ -1,0 +1,215 @@
+"""GRPOTrainer end to end on the tiny Qwen3 and RLF/ToolUse-v0 with a real MCP server (stdio).
+
+One 2-step run (module fixture) is checked for its TensorBoard tags, checkpoints, learning-curve
+PNG, samples and metrics; then a fresh trainer resumed from its step-1 checkpoint must reproduce
+step 2 exactly (prompts, samples, loss, parameters).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlf_trainer.checkpoint import PromptSampler, list_checkpoints, read_state
+from rlf_trainer.config import load_config
+from rlf_trainer.trainer import GRPOTrainer, LRSchedule
+
+pytest_plugins = ["tests.trainer_fixtures"]
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY_CONFIG = ROOT / "examples" / "configs" / "tiny_test.yaml"
+EXPECTED_TAGS = {
+    "reward/mean",
+    "reward/std",
+    "accuracy",
+    "tool_calls_per_episode",
+    "tool_error_rate",
+    "turns",
+    "response_length",
+    "kl",
+    "clip_fraction",
+    "entropy",
+    "loss",
+    "lr",
+    "grad_norm",
+    "time/generate",
+    "time/tools",
+    "time/train",
+    "time/step",
+    "samples/s",
+    "eval/reward",
+    "eval/accuracy",
+}
+
+
+def text_reward(episode) -> dict[str, float]:
+    """A reward with spread for a random model: a deterministic function of the final turn's text."""
+    return {"reward": (sum(map(ord, episode.final_response)) % 5) / 4, "em": 0.0}
+
+
+def tiny_config(tiny_model_dir: Path, run_dir: Path, *overrides: str):
+    config = load_config(
+        TINY_CONFIG,
+        [
+            f"model.path={tiny_model_dir}",
+            "model.prepare=null",
+            f"logging.dir={run_dir}",
+            f"env.kwargs.mcp_servers.mcpServers.latency.command={sys.executable}",
+            "logging.progress_bar=false",
+            *overrides,
+        ],
+    )
+    config.env.kwargs["reward"] = text_reward  # objects from Python go straight into the env kwargs
+    return config
+
+
+def params(trainer: GRPOTrainer) -> dict[str, torch.Tensor]:
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def straight_run(tiny_model_dir, tmp_path_factory):
+    """Two steps in one go, a checkpoint after each, eval at step 2."""
+    run_root = tmp_path_factory.mktemp("runs")
+    config = tiny_config(tiny_model_dir, run_root, "logging.run_name=straight", "checkpoint.keep_last=0")
+    trainer = GRPOTrainer(config)
+    history = trainer.train()
+    return trainer, history, params(trainer)
+
+
+def test_two_steps_write_tensorboard_checkpoints_curve_and_samples(straight_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    trainer, history, _ = straight_run
+    run_dir = trainer.run_dir
+    assert trainer.step == 2 and [r["step"] for r in history.records] == [1, 2]
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert tags >= EXPECTED_TAGS, EXPECTED_TAGS - tags
+    assert [e.step for e in events.Scalars("reward/mean")] == [1, 2]
+    assert [e.step for e in events.Scalars("eval/reward")] == [2]
+    assert events.Scalars("lr")[0].value == pytest.approx(1e-3)
+
+    last = history.records[-1]
+    assert last["grad_norm"] > 0 and last["reward/std"] > 0  # the test reward gives the update a signal
+    assert last["kl"] >= 0 and 0 <= last["clip_fraction"] <= 1 and last["entropy"] > 0
+    assert last["response_length"] > 0 and last["turns"] >= 1
+
+    checkpoints = list_checkpoints(trainer.config.checkpoint_dir)
+    assert [p.name for p in checkpoints] == ["step_00000001", "step_00000002"]
+    state = read_state(checkpoints[0])
+    assert state["step"] == 1 and state["sampler"] == {"seed": 0, "num_tasks": 4, "position": 2, "epoch": 0}
+    assert (checkpoints[0] / "model.safetensors").is_file() and (checkpoints[0] / "optimizer.bin").is_file()
+
+    png = run_dir / "learning_curve.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5_000
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2] and "eval/reward" in metrics[1]
+
+    eval_samples = [json.loads(line) for line in (run_dir / "eval_samples.jsonl").read_text().splitlines()]
+    assert len(eval_samples) == 4 and {s["step"] for s in eval_samples} == {2}
+    assert eval_samples[0]["prompt"] == "Echo the word ping."
+    assert eval_samples[0]["transcript"][1] == {"role": "user", "content": "Echo the word ping."}
+    assert all(isinstance(s["reward"], float) for s in eval_samples)
+    train_samples = (run_dir / "train_samples.jsonl").read_text().splitlines()
+    assert len(train_samples) == 4  # 2 a step
+    assert (run_dir / "config.yaml").is_file()
+
+
+def test_resume_from_step_one_reproduces_step_two_exactly(straight_run, tiny_model_dir, tmp_path):
+    straight, straight_history, straight_params = straight_run
+    first = list_checkpoints(straight.config.checkpoint_dir)[0]
+    with torch.no_grad():
+        changed = any(not torch.equal(straight_params[k], v) for k, v in _checkpoint_params(first).items())
+    assert changed, "step 2 must change the parameters, or the comparison below proves nothing"
+
+    config = tiny_config(
+        tiny_model_dir,
+        tmp_path,
+        "logging.run_name=resumed",
+        f"checkpoint.resume={first}",
+        "checkpoint.every=0",
+    )
+    resumed = GRPOTrainer(config)
+    assert resumed.step == 1
+    history = resumed.train()
+    assert resumed.step == 2
+
+    a, b = straight.last_batch, resumed.last_batch
+    assert [s.task_id for s in a.stats] == [s.task_id for s in b.stats]
+    assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.loss_mask, b.loss_mask)
+    assert torch.allclose(a.old_logprobs, b.old_logprobs, atol=1e-6)
+    step2_a, step2_b = straight_history.records[-1], history.records[-1]
+    for key in ("loss", "grad_norm", "reward/mean", "kl", "entropy", "eval/reward", "lr"):
+        assert step2_b[key] == pytest.approx(step2_a[key], abs=1e-6), key
+    resumed_params = params(resumed)
+    assert resumed_params.keys() == straight_params.keys()
+    for name, value in straight_params.items():
+        assert torch.allclose(resumed_params[name], value, atol=1e-6, rtol=0), name
+    assert [r["step"] for r in history.records] == [1, 2]  # the history came back with the checkpoint
+
+
+def _checkpoint_params(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+def test_prompt_sampler_covers_epochs_and_is_a_function_of_seed_and_step():
+    sampler = PromptSampler(num_tasks=7, seed=3)
+    stream = [i for step in range(7) for i in sampler.indices(step, 3)]  # 21 prompts = 3 epochs
+    assert [sorted(stream[e * 7 : (e + 1) * 7]) for e in range(3)] == [list(range(7))] * 3
+    assert stream[:7] != stream[7:14]  # each epoch reshuffled
+    assert PromptSampler(num_tasks=7, seed=3).indices(5, 3) == sampler.indices(5, 3) == stream[15:18]
+    assert PromptSampler(num_tasks=7, seed=4).indices(0, 7) != sampler.indices(0, 7)
+    unknown = PromptSampler(num_tasks=None, seed=3)
+    assert unknown.indices(2, 4) == unknown.indices(2, 4) and len(set(unknown.indices(0, 50))) > 40
+    assert sampler.state(2, 3) == {"seed": 3, "num_tasks": 7, "position": 6, "epoch": 0}
+
+
+def test_lr_schedule_shapes():
+    cosine = LRSchedule("cosine", warmup_steps=1, total_steps=5, min_ratio=0.1)
+    assert [round(cosine(s), 3) for s in range(6)] == [0.0, 1.0, 0.868, 0.55, 0.232, 0.1]
+    assert LRSchedule("constant", warmup_steps=0, total_steps=5)(3) == 1.0
+
+
+def test_cli_runs_one_step_on_cpu(tiny_model_dir, tmp_path):
+    """``python examples/train.py --config ... key=value``: the way a user starts a CPU run."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "train.py"),
+            "--config",
+            str(TINY_CONFIG),
+            f"model.path={tiny_model_dir}",
+            "model.prepare=null",
+            f"logging.dir={tmp_path}",
+            f"env.kwargs.mcp_servers.mcpServers.latency.command={sys.executable}",
+            "max_steps=1",
+            "eval.every=0",
+            "algorithm.beta=0",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "done: 1 steps logged" in result.stdout
+    assert (tmp_path / "tiny_test" / "checkpoints" / "step_00000001" / "trainer_state.json").is_file()
+    bad = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "train.py"), "--config", str(TINY_CONFIG), "optim.lrr=1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and "unknown key 'optim.lrr'" in bad.stderr

@@ -132,6 +132,10 @@ class ToolEnv(gym.Env[str, str]):
         instance = pick_instance(self.task, self.split, options.get("task_index"), self.np_random)
         return state.start(instance, self.tools)
 
+    def num_tasks(self, split: str | None = None) -> int:
+        """How many task instances ``split`` (default: the current one) holds."""
+        return len(self.task.instances(split or self.split))
+
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._state is None or self._loop is None:
             raise RuntimeError("step() before reset()")

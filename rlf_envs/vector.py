@@ -194,6 +194,10 @@ class ToolVectorEnv(VectorEnv):
             raise IndexError(f"env index {i} out of range for {self.num_envs} envs")
         return await self._loop.arun(self._step_one(i, action))
 
+    def num_tasks(self, split: str | None = None) -> int:
+        """How many task instances ``split`` (default: the current one) holds, for epoch-wise sampling."""
+        return len(self.task.instances(split or self.split))
+
     def messages(self, i: int) -> list[dict[str, Any]]:
         """The chat of env ``i`` so far."""
         return [dict(m) for m in self._states[i].messages]

@@ -178,6 +178,14 @@ def prompt_ids(
     return encode(tokenizer, render(tokenizer, messages, tools, add_generation_prompt=True))
 
 
+def default_end_of_turn(tokenizer: PreTrainedTokenizerBase) -> str | None:
+    """The token that ends an assistant turn: ChatML's ``<|im_end|>`` when the vocabulary has it
+    (base Qwen3 checkpoints set ``eos_token`` to ``<|endoftext|>``), else ``eos_token``."""
+    if "<|im_end|>" in tokenizer.get_vocab():
+        return "<|im_end|>"
+    return tokenizer.eos_token
+
+
 def tool_delta_ids(
     tokenizer: PreTrainedTokenizerBase,
     messages_before: list[Message],
@@ -190,7 +198,7 @@ def tool_delta_ids(
     """Token ids the template adds after an assistant turn for ``tool_messages`` and the next generation prompt.
 
     ``messages_before`` ends with the assistant turn the policy generated, which ended with the
-    end-of-turn token (``end_of_turn``, default ``tokenizer.eos_token``, e.g. ``<|im_end|>``).
+    end-of-turn token (``end_of_turn``, default :func:`default_end_of_turn`).
     The delta starts right after that token: it includes whatever the template writes after the end
     of turn (e.g. ChatML's ``"\\n"``), the tool results, and the next assistant header, so that
     ``prompt + generated + delta`` is the template's rendering of
@@ -210,7 +218,7 @@ def tool_delta_ids(
         raise ValueError("messages_before must end with the assistant turn the tool messages answer")
     if not tool_messages:
         raise ValueError("tool_messages is empty: there is no delta to add")
-    end_of_turn = end_of_turn or tokenizer.eos_token
+    end_of_turn = end_of_turn or default_end_of_turn(tokenizer)
     if not end_of_turn:
         raise ValueError(
             "the tokenizer has no eos_token: pass end_of_turn (the token that ends an assistant turn)"

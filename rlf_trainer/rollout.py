@@ -174,12 +174,10 @@ def env_info(infos: dict[str, Any], i: int) -> dict[str, Any]:
 
 def turn_end_id(tokenizer: Any) -> int:
     """The token that closes an assistant turn: ``<|im_end|>`` for ChatML templates, else eos."""
-    vocab = tokenizer.get_vocab()
-    if "<|im_end|>" in vocab:
-        return int(vocab["<|im_end|>"])
-    if tokenizer.eos_token_id is None:
+    token = chat.default_end_of_turn(tokenizer)
+    if token is None:
         raise RolloutError("the tokenizer has neither <|im_end|> nor an eos token to end a turn")
-    return int(tokenizer.eos_token_id)
+    return int(tokenizer.convert_tokens_to_ids(token))
 
 
 def _correct_from(reward_info: dict[str, Any]) -> bool | None:

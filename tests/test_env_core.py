@@ -251,3 +251,13 @@ def test_seeded_reset_is_deterministic():
     assert np.array_equal(a.reset(seed=8)[1]["task_id"], b.reset(seed=8)[1]["task_id"])
     a.close()
     b.close()
+
+
+def test_num_tasks_and_split_persistence():
+    envs = ToolVectorEnv(make_tool_use_task(tasks=TASKS, test_tasks=TASKS[:3]), 2)
+    assert envs.num_tasks() == 10 and envs.num_tasks("test") == 3
+    envs.reset(seed=0, options={"split": "test"})
+    assert envs.num_tasks() == 3
+    _, infos = envs.reset(seed=1)
+    assert set(infos["task_id"]) <= {"q0", "q1", "q2"}
+    envs.close()

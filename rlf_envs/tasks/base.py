@@ -15,7 +15,7 @@ Example:
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,11 +54,17 @@ class Task:
     system_prompt: str = "You are a helpful assistant."
     max_turns: int = 4
 
+    # Subclasses provide their instances per split here (a dict, or a cached property).
+    _splits: Mapping[str, Sequence[TaskInstance]]
+
     def instances(self, split: str) -> Sequence[TaskInstance]:
-        raise NotImplementedError
+        try:
+            return self._splits[split]
+        except KeyError:
+            raise KeyError(f"task {self.name!r} has no split {split!r}; it has {sorted(self._splits)}") from None
 
     def splits(self) -> list[str]:
-        return ["train", "test"]
+        return list(self._splits)
 
     def user_prompt(self, instance: TaskInstance) -> str:
         return instance.question
@@ -106,15 +112,10 @@ class FunctionTask(Task):
         self._mcp_servers = mcp_servers
         self._python_tools = list(python_tools)
 
-    def splits(self) -> list[str]:
-        return list(self._splits)
-
     def instances(self, split: str) -> Sequence[TaskInstance]:
-        if split in self._splits:
-            return self._splits[split]
-        if split == "test" and "train" in self._splits:
-            return self._splits["train"]
-        raise KeyError(f"task {self.name!r} has no split {split!r}; it has {sorted(self._splits)}")
+        if split == "test" and "test" not in self._splits and "train" in self._splits:
+            return self._splits["train"]  # a task list without a test split evaluates on its tasks
+        return super().instances(split)
 
     def mcp_config(self) -> dict[str, Any] | None:
         return self._mcp_servers

@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -108,17 +107,6 @@ class DeepSearchTask(Task):
         if self.qa_path is not None:
             return load_qa_splits(self.qa_path)
         return {split: self.world.to_instances(split) for split in ("train", "test")}
-
-    def splits(self) -> list[str]:
-        return list(self._splits)
-
-    def instances(self, split: str) -> Sequence[TaskInstance]:
-        try:
-            return self._splits[split]
-        except KeyError:
-            raise KeyError(
-                f"task {self.name!r} has no split {split!r}; it has {sorted(self._splits)}"
-            ) from None
 
     def index_path(self) -> Path:
         """The search index directory, built (once, atomically) if it does not exist yet."""

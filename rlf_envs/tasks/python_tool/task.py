@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,15 +101,6 @@ class PythonToolTask(Task):
                 )
             )
         return splits
-
-    def splits(self) -> list[str]:
-        return ["train", "test"]
-
-    def instances(self, split: str) -> Sequence[TaskInstance]:
-        try:
-            return self._splits[split]
-        except KeyError:
-            raise KeyError(f"task {self.name!r} has no split {split!r}; it has ['test', 'train']") from None
 
     def mcp_config(self) -> dict[str, Any]:
         """``{"mcpServers": {"python": ...}}`` running the sandbox server with this task's limits."""

@@ -18,7 +18,6 @@ import asyncio
 import functools
 import re
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -141,17 +140,6 @@ class SQLTask(Task):
         return TaskInstance(
             id=question.id, question=question.question, answer=question.sql, metadata=metadata
         )
-
-    def splits(self) -> list[str]:
-        return list(self._splits)
-
-    def instances(self, split: str) -> Sequence[TaskInstance]:
-        try:
-            return self._splits[split]
-        except KeyError:
-            raise KeyError(
-                f"task {self.name!r} has no split {split!r}; it has {sorted(self._splits)}"
-            ) from None
 
     def mcp_config(self) -> dict[str, Any]:
         """``{"mcpServers": {"sqlite": ...}}`` running our read-only sqlite server on this task's database."""

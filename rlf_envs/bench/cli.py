@@ -26,6 +26,18 @@ def _env_parser(sub: argparse._SubParsersAction) -> None:
         "--sequential-calls", type=int, default=32, help="calls timed for the scaled sequential loop"
     )
     p.add_argument("--json", action="store_true", help="end with one JSON line of all figures")
+    p.add_argument(
+        "--compare", action="store_true", help="also drive the peers (GEM, verifiers) on the same workload"
+    )
+    p.add_argument(
+        "--compare-num-envs", default=None, help="comma list of num_envs for --compare (default: --num-envs)"
+    )
+    p.add_argument(
+        "--peers",
+        default="verifiers,gem",
+        help="peers for --compare (their venvs: scripts/setup_peer_venvs.sh)",
+    )
+    p.add_argument("--plot", default=None, help="with --compare: write a steps/s vs num_envs PNG here")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,8 +70,28 @@ def main(argv: list[str] | None = None) -> int:
         sequential_calls=args.sequential_calls,
         calls_per_step=args.calls_per_step,
     )
+    if args.compare:
+        return _compare(args, settings)
     report = run_env_bench(settings)
     print(format_report(report), flush=True)
+    if args.json:
+        print(json.dumps(report), flush=True)
+    return 0
+
+
+def _compare(args: argparse.Namespace, settings: BenchSettings) -> int:
+    from rlf_envs.bench.peers import format_compare, run_compare
+
+    sizes = [int(n) for n in args.compare_num_envs.split(",")] if args.compare_num_envs else [args.num_envs]
+    peers = tuple(p for p in args.peers.split(",") if p)
+    report = run_compare(
+        settings, sizes, peers=peers, progress=lambda m: print(m, file=sys.stderr, flush=True)
+    )
+    print(format_compare(report), flush=True)
+    if args.plot:
+        from rlf_envs.bench.plot import plot_compare
+
+        print(f"plot: {plot_compare(report, args.plot)}", flush=True)
     if args.json:
         print(json.dumps(report), flush=True)
     return 0

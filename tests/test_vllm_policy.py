@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlf_trainer.chat import prompt_ids
 from rlf_trainer.policy import HFPolicy, SamplingParams
+from tests.trainer_fixtures import forward_logprobs
 
 pytest_plugins = ["tests.trainer_fixtures"]
 
@@ -46,22 +46,6 @@ def vllm_policy(tiny_model_dir):
     print(f"\n[vllm] LLM init {time.perf_counter() - started:.1f} s")
     yield policy
     del policy
-
-
-@pytest.fixture
-def prompts(tiny_tokenizer):
-    return [
-        prompt_ids(tiny_tokenizer, [{"role": "user", "content": "Who founded Velmora Works?"}]),
-        prompt_ids(tiny_tokenizer, [{"role": "user", "content": "hi"}]),
-        [5, 6, 7],
-    ]
-
-
-def hf_logprobs(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
-    ids = torch.tensor([prompt + completion])
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
-    return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(completion)[:, None]).squeeze(1)
 
 
 def test_importing_the_policy_package_does_not_import_vllm():
@@ -104,7 +88,7 @@ class TestVLLMPolicy:
         for prompt, completion in zip(prompts * 2, completions, strict=True):
             assert len(completion.token_ids) == len(completion.logprobs) == 16
             assert completion.finish_reason == "length"
-            expected = hf_logprobs(tiny_model, prompt, completion.token_ids)
+            expected = forward_logprobs(tiny_model, prompt, completion.token_ids)
             assert torch.allclose(torch.tensor(completion.logprobs), expected, atol=LOGPROB_ATOL)
 
     def test_greedy_tokens_match_hf_policy(self, vllm_policy, tiny_model, tiny_tokenizer, prompts):
@@ -136,7 +120,7 @@ class TestVLLMPolicy:
             assert c.token_ids[-1] in stop_ids and not any(t in stop_ids for t in c.token_ids[:-1])
             assert c.text == tiny_tokenizer.decode(c.token_ids[:-1], skip_special_tokens=False)
             assert torch.allclose(
-                torch.tensor(c.logprobs), hf_logprobs(tiny_model, prompt, c.token_ids), atol=LOGPROB_ATOL
+                torch.tensor(c.logprobs), forward_logprobs(tiny_model, prompt, c.token_ids), atol=LOGPROB_ATOL
             )
 
     def test_update_weights_reaches_the_engine_and_drops_stale_prefix_cache(
@@ -156,7 +140,9 @@ class TestVLLMPolicy:
         after = vllm_policy.generate(prompts, params)
         for prompt, old, new in zip(prompts, before, after, strict=True):
             assert torch.allclose(
-                torch.tensor(new.logprobs), hf_logprobs(tiny_model, prompt, new.token_ids), atol=LOGPROB_ATOL
+                torch.tensor(new.logprobs),
+                forward_logprobs(tiny_model, prompt, new.token_ids),
+                atol=LOGPROB_ATOL,
             )
             assert old.token_ids != new.token_ids or old.logprobs != pytest.approx(new.logprobs, abs=1e-3)
 

@@ -51,3 +51,25 @@ def tiny_model(tiny_model_dir: Path) -> Any:
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+
+
+@pytest.fixture
+def prompts(tiny_tokenizer: Any) -> list[list[int]]:
+    """Three prompts of different lengths, so left padding is exercised."""
+    from rlf_trainer.chat import prompt_ids
+
+    return [
+        prompt_ids(tiny_tokenizer, [{"role": "user", "content": "Who founded Velmora Works?"}]),
+        prompt_ids(tiny_tokenizer, [{"role": "user", "content": "hi"}]),
+        [5, 6, 7],
+    ]
+
+
+def forward_logprobs(model: Any, prompt: list[int], completion: list[int]) -> Any:
+    """Raw log p(completion_t | prompt + completion_<t) from one unpadded forward pass."""
+    import torch
+
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+    return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(completion)[:, None]).squeeze(1)

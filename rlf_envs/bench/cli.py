@@ -1,4 +1,4 @@
-"""``rlf-bench``: print benchmark figures (``--json`` makes the last line one JSON object).
+"""``rlf-bench env``: print env benchmark figures (``--json`` makes the last line one JSON object).
 
 Example:
     rlf-bench env --num-envs 256 --latency-ms 100 --steps 5 --json
@@ -13,8 +13,7 @@ import sys
 from rlf_envs.bench.env_bench import BenchSettings, format_report, run_env_bench
 
 
-def _env_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("env", help="vector env vs sequential loop vs raw MCP SDK on the latency server")
+def _add_env_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-envs", type=int, default=64)
     p.add_argument("--latency-ms", type=float, default=100.0)
     p.add_argument("--steps", type=int, default=5)
@@ -45,25 +44,10 @@ def _env_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rlf-bench", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    _env_parser(sub)
-    sub.add_parser(
-        "train", help="our GRPO trainer vs TRL's GRPOTrainer (needs rlf[trainer] and trl)", add_help=False
-    )
-    args, rest = parser.parse_known_args(argv)
-    if args.command == "train":
-        try:
-            from rlf_trainer.bench import main as train_main
-        except ImportError as exc:
-            print(
-                f"rlf-bench train needs the trainer extra: pip install 'rlf[trainer]' ({exc})",
-                file=sys.stderr,
-            )
-            return 2
-        return train_main(rest)
-    if rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    """``rlf-bench env [options]`` (``argv`` without the ``env`` word)."""
+    parser = argparse.ArgumentParser(prog="rlf-bench env", description=__doc__.splitlines()[0])
+    _add_env_arguments(parser)
+    args = parser.parse_args(argv)
     settings = BenchSettings(
         num_envs=args.num_envs,
         latency_ms=args.latency_ms,

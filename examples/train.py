@@ -43,9 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     if not trainer.accelerator.is_main_process:
         return 0
     last = history.records[-1] if history.records else {}
+    evaluation = "".join(
+        f"; {key}={value:.4f}" for key, value in last.items() if key in ("eval/reward", "eval/accuracy")
+    )
     print(
         f"done: {len(history.records)} steps logged in {config.run_dir}; "
-        f"last reward/mean={last.get('reward/mean', float('nan')):.4f}"
+        f"last reward/mean={last.get('reward/mean', float('nan')):.4f}{evaluation}"
     )
     return 0
 

@@ -4,8 +4,9 @@ Both train the same model (default: the tiny random Qwen3, built offline in seco
 env, ``RLF/ToolUse-v0`` with an ``add`` python tool and exact-match reward, with the same batch:
 ``prompts`` x ``generations`` samples a step, ``max_new_tokens`` generated tokens at most, beta 0,
 one optimizer step per generation batch, CPU. Ours drives the vector env with its HF policy; TRL
-generates with its own loop and reaches the env through ``examples/third_party/trl_grpo.py`` (its
-``environment_factory``: tool calls and reward run in our env). The first step of each is a warm-up
+generates with its own loop and reaches the env through the env half's TRL adapter,
+:mod:`rlf_envs.integrations.trl_environment` (its ``environment_factory``: tool calls and reward run in
+our env), as any TRL user would. The first step of each is a warm-up
 and is not timed (unless only one step runs). Samples/s = samples of the timed steps / their time.
 
 Example:
@@ -26,11 +27,8 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-TRL_ADAPTER = REPO_ROOT / "examples" / "third_party" / "trl_grpo.py"
 TASKS = [
     {"id": f"add{i}", "question": f"What is {i} + {i + 3}? Use the add tool.", "answer": str(2 * i + 3)}
     for i in range(16)
@@ -154,25 +152,20 @@ def run_rlf(model_dir: str | os.PathLike[str], shape: TrainBenchShape, workdir: 
     }
 
 
-def load_trl_adapter() -> ModuleType:
-    """``examples/third_party/trl_grpo.py`` (the env class and reward TRL uses), loaded from the checkout."""
-    if not TRL_ADAPTER.exists():
-        raise FileNotFoundError(
-            f"the TRL adapter is not at {TRL_ADAPTER}: run rlf-bench train from a checkout"
-        )
-    spec = importlib.util.spec_from_file_location("rlf_trl_grpo", TRL_ADAPTER)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def run_trl(model_dir: str | os.PathLike[str], shape: TrainBenchShape, workdir: Path) -> dict[str, Any]:
     """TRL's ``GRPOTrainer`` on the same env, model and batch; its step times and samples/s."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import trl
     from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
+
+    from rlf_envs.integrations.trl_environment import (
+        cpu_grpo_config,
+        env_dataset,
+        make_trl_environment,
+        prepare_tokenizer,
+        rlf_env_reward,
+    )
 
     clock = StepClock()
 
@@ -183,36 +176,27 @@ def run_trl(model_dir: str | os.PathLike[str], shape: TrainBenchShape, workdir: 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             clock.end()
 
-    adapter = load_trl_adapter()
     env_kwargs = {**_env_kwargs(shape), "python_tools": [add]}
-    Env = adapter.make_trl_environment("RLF/ToolUse-v0", capacity=shape.samples_per_step, **env_kwargs)
+    Env = make_trl_environment("RLF/ToolUse-v0", capacity=shape.samples_per_step, **env_kwargs)
     try:
-        config = GRPOConfig(
-            output_dir=str(workdir / "trl"),
-            per_device_train_batch_size=shape.samples_per_step,
-            num_generations=shape.generations,
+        config = cpu_grpo_config(
+            workdir / "trl",
+            prompts=shape.prompts,
+            generations=shape.generations,
+            max_turns=shape.max_turns,
             max_completion_length=shape.max_new_tokens,
-            max_tool_calling_iterations=shape.max_turns - 1,
             max_steps=shape.steps,
-            loss_type="grpo",
-            beta=0.0,
-            learning_rate=1e-5,
-            temperature=1.0,
-            logging_steps=1,
-            report_to="none",
-            use_cpu=True,
-            bf16=False,  # TRL defaults to bf16 autocast; fp32 like our trainer
-            gradient_checkpointing=False,  # TRL defaults to True
-            save_strategy="no",
             seed=shape.seed,
+            loss_type="grpo",
+            temperature=1.0,
             disable_tqdm=True,
         )
         trainer = GRPOTrainer(
             model=str(model_dir),
-            reward_funcs=[adapter.rlf_env_reward],
+            reward_funcs=[rlf_env_reward],
             args=config,
-            train_dataset=adapter.env_dataset("RLF/ToolUse-v0", shape.prompts * shape.steps, **env_kwargs),
-            processing_class=adapter.prepare_tokenizer(model_dir),
+            train_dataset=env_dataset("RLF/ToolUse-v0", shape.prompts * shape.steps, **env_kwargs),
+            processing_class=prepare_tokenizer(model_dir),
             environment_factory=Env,
             callbacks=[Timing()],
         )

@@ -164,6 +164,17 @@ def _flat_hparams(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------------
 
 
+def eval_due(step: int, every: int, max_steps: int) -> bool:
+    """Whether step ``step`` ends with an evaluation: every ``every`` steps and after the last one
+    (so a run whose length is not a multiple still reports its final model); ``every=0`` never.
+
+    Example:
+        >>> [s for s in range(1, 8) if eval_due(s, every=3, max_steps=7)]
+        [3, 6, 7]
+    """
+    return every > 0 and (step % every == 0 or step == max_steps)
+
+
 class GRPOTrainer:
     """Builds everything a run needs from a :class:`~rlf_trainer.config.Config`; :meth:`train` runs it.
 
@@ -365,7 +376,7 @@ class GRPOTrainer:
             with self._progress() as advance:
                 while self.step < cfg.max_steps:
                     metrics = self.train_step()
-                    if cfg.eval.every and self.step % cfg.eval.every == 0:
+                    if eval_due(self.step, cfg.eval.every, cfg.max_steps):
                         metrics.update(self.evaluate())
                     self._log(metrics)
                     advance(metrics)

@@ -17,7 +17,7 @@ import torch
 
 from rlf_trainer.checkpoint import PromptSampler, list_checkpoints, read_state
 from rlf_trainer.config import load_config
-from rlf_trainer.trainer import GRPOTrainer, LRSchedule
+from rlf_trainer.trainer import GRPOTrainer, LRSchedule, eval_due
 
 pytest_plugins = ["tests.trainer_fixtures"]
 
@@ -181,6 +181,13 @@ def test_lr_schedule_shapes():
     assert LRSchedule("constant", warmup_steps=0, total_steps=5)(3) == 1.0
 
 
+def test_eval_runs_every_n_steps_and_after_the_last():
+    assert [s for s in range(1, 11) if eval_due(s, 4, 10)] == [4, 8, 10]
+    assert [s for s in range(1, 9) if eval_due(s, 4, 8)] == [4, 8]
+    assert [s for s in range(1, 4) if eval_due(s, 20, 3)] == [3]
+    assert not any(eval_due(s, 0, 5) for s in range(1, 6))
+
+
 def test_cli_runs_one_step_on_cpu(tiny_model_dir, tmp_path):
     """``python examples/train.py --config ... key=value``: the way a user starts a CPU run."""
     result = subprocess.run(
@@ -194,7 +201,7 @@ def test_cli_runs_one_step_on_cpu(tiny_model_dir, tmp_path):
             f"logging.dir={tmp_path}",
             f"env.kwargs.mcp_servers.mcpServers.latency.command={sys.executable}",
             "max_steps=1",
-            "eval.every=0",
+            "eval.every=5",  # not a multiple of the run's length: the last step still evaluates
             "algorithm.beta=0",
         ],
         cwd=ROOT,
@@ -203,8 +210,12 @@ def test_cli_runs_one_step_on_cpu(tiny_model_dir, tmp_path):
         timeout=240,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "done: 1 steps logged" in result.stdout
+    assert "done: 1 steps logged" in result.stdout and "eval/reward=" in result.stdout
     assert (tmp_path / "tiny_test" / "checkpoints" / "step_00000001" / "trainer_state.json").is_file()
+    (metrics,) = [
+        json.loads(line) for line in (tmp_path / "tiny_test" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert metrics["step"] == 1 and "eval/reward" in metrics
     bad = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "train.py"), "--config", str(TINY_CONFIG), "optim.lrr=1"],
         cwd=ROOT,

@@ -1,4 +1,4 @@
-"""TRL's real GRPOTrainer on an RLF env (examples/third_party/trl_grpo.py): TRL generates, our env
+"""TRL's real GRPOTrainer on an RLF env (rlf_envs.integrations.trl_environment): TRL generates, our env
 executes the tool calls and scores, and our reward reaches TRL's logged metrics.
 
 The tiny random Qwen3 cannot choose to call a tool, so one test biases its sampling (a
@@ -17,7 +17,8 @@ import pytest
 pytest.importorskip("trl")
 pytest.importorskip("datasets")
 
-from examples.third_party.trl_grpo import (  # noqa: E402
+from rlf_envs.integrations.trl_environment import (  # noqa: E402
+    cpu_grpo_config,
     env_dataset,
     make_trl_environment,
     prepare_tokenizer,
@@ -61,27 +62,19 @@ class RewardLog:
 
 
 def _trainer(model_dir, tmp_path, reward_log, *, steps, generation_kwargs=None, max_completion_length=24):
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     prompts, generations = 2, 2
     env_kwargs = {"tasks": TASKS, "python_tools": [add], "reward": reward_log, "max_turns": 3}
     Env = make_trl_environment("RLF/ToolUse-v0", capacity=prompts * generations, **env_kwargs)
-    config = GRPOConfig(
-        output_dir=str(tmp_path / "trl"),
-        per_device_train_batch_size=prompts * generations,
-        num_generations=generations,
+    config = cpu_grpo_config(
+        tmp_path / "trl",
+        prompts=prompts,
+        generations=generations,
+        max_turns=2,  # one tool round, then the answer
         max_completion_length=max_completion_length,
         max_steps=steps,
-        max_tool_calling_iterations=1,
         learning_rate=1e-4,
-        beta=0.0,
-        logging_steps=1,
-        report_to="none",
-        use_cpu=True,
-        bf16=False,  # TRL defaults to bf16 autocast; fp32 like our trainer
-        gradient_checkpointing=False,  # TRL defaults to True
-        save_strategy="no",
-        seed=0,
         generation_kwargs=generation_kwargs,
     )
     trainer = GRPOTrainer(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import json
 import os
 import re
@@ -415,10 +414,7 @@ def test_vector_env_scores_32_episodes_in_one_step(server: OpenAITestServer) -> 
 
 
 def test_deepsearch_judge_mode(server: OpenAITestServer) -> None:
-    from rlf_envs.tasks.deepsearch.task import DeepSearchTask
 
-    if "judge_url" not in inspect.signature(DeepSearchTask.__init__).parameters:
-        pytest.skip("DeepSearchTask has no judge mode yet (see docs/judge_and_agents.md for the change)")
     env = gym.make(
         "RLF/DeepSearch-v0", reward="judge", judge_url=server.url, judge_model="judge-1", split="test"
     )

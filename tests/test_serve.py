@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,14 +17,29 @@ from tests.test_judge import rlf_serve, tiny_model_path
 USER = [{"role": "user", "content": "Tell me about the river."}]
 
 
-@pytest.fixture(scope="module")
-def root() -> Iterator[str]:
+NO_VLLM = importlib.util.find_spec("vllm") is None
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        "hf",
+        pytest.param(
+            "vllm",
+            marks=[pytest.mark.vllm, pytest.mark.skipif(NO_VLLM, reason="vllm is not installed")],
+        ),
+    ],
+)
+def root(request: pytest.FixtureRequest) -> Iterator[str]:
     """The server's root URL (no /v1); at most 16 requests a batch, batches wait up to 1 s.
 
     The long wait keeps a burst of concurrent requests in one batch even on a busy machine; a batch
-    that fills up (16) starts at once.
+    that fills up (16) starts at once. Every test runs against both backends; ``vllm`` only where
+    vLLM is installed (``-m vllm`` in ``.venv-vllm``, float32 like the HF backend on CPU).
     """
-    with rlf_serve(tiny_model_path(), "--batch-wait-ms", "1000", "--max-batch", "16") as (url, _):
+    backend = ("--backend", "vllm", "--dtype", "float32") if request.param == "vllm" else ()
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    with rlf_serve(tiny_model_path(), "--batch-wait-ms", "1000", "--max-batch", "16", *backend) as (url, _):
         yield url.removesuffix("/v1")
 
 

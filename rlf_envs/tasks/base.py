@@ -61,7 +61,9 @@ class Task:
         try:
             return self._splits[split]
         except KeyError:
-            raise KeyError(f"task {self.name!r} has no split {split!r}; it has {sorted(self._splits)}") from None
+            raise KeyError(
+                f"task {self.name!r} has no split {split!r}; it has {sorted(self._splits)}"
+            ) from None
 
     def splits(self) -> list[str]:
         return list(self._splits)

@@ -106,6 +106,10 @@ class Policy(Protocol):
         """Undo :meth:`sleep` before the next :meth:`generate` (no-op where unsupported)."""
         ...
 
+    def close(self) -> None:
+        """Release the generator (an engine, its process group); idempotent. No :meth:`generate` after it."""
+        ...
+
 
 def stop_ids_for(
     tokenizer: PreTrainedTokenizerBase, generation_config: Any, params: SamplingParams

@@ -148,6 +148,9 @@ class HFPolicy:
     def wake_up(self) -> None:
         """Nothing to restore."""
 
+    def close(self) -> None:
+        """Nothing to release: the model belongs to the caller."""
+
 
 def _core_module(model: torch.nn.Module) -> torch.nn.Module:
     while isinstance(getattr(model, "module", None), torch.nn.Module):  # DDP / accelerate wrappers

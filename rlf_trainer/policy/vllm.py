@@ -86,6 +86,7 @@ class VLLMPolicy:
         self.sleep_enabled = enable_sleep_mode
         self.sleep_level = sleep_level
         self.asleep = False
+        self.closed = False
         self.llm = LLM(
             model=str(model_path),
             tensor_parallel_size=tensor_parallel_size,
@@ -109,6 +110,8 @@ class VLLMPolicy:
         With ``params.seed`` set, request ``i`` uses seed ``params.seed + i``: the batch is
         reproducible and identical prompts (a GRPO group) still get different samples.
         """
+        if self.closed:
+            raise RuntimeError("VLLMPolicy.generate() after close(): the engine is shut down")
         if not prompts:
             return []
         if self.asleep:
@@ -181,6 +184,18 @@ class VLLMPolicy:
             return
         self.llm.wake_up()
         self.asleep = False
+
+    def close(self) -> None:
+        """Shut the engine down now (idempotent).
+
+        Call it before anything else tears down torch.distributed (``Accelerator.end_training``
+        destroys the process group vLLM created in this process); left to vLLM's exit-time finalizer,
+        the shutdown then fails with "Invalid process group specified".
+        """
+        if self.closed:
+            return
+        self.closed = True
+        self.llm.llm_engine.engine_core.shutdown()
 
 
 def _load_generation_config(model_path: str | os.PathLike[str]) -> Any:

@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         f"done: {len(history.records)} steps logged in {config.run_dir}; "
         f"last reward/mean={last.get('reward/mean', float('nan')):.4f}{evaluation}"
     )
+    if config.checkpoint.save_model:
+        print(f"model: {config.run_dir / 'model'} (a Hugging Face folder: from_pretrained, rlf-serve, vLLM)")
     return 0
 
 

@@ -176,6 +176,8 @@ class CheckpointConfig:
     """``accelerator.save_state`` every ``every`` steps (0 = only at the end) into ``dir``
     (default ``<run dir>/checkpoints``). ``resume``: ``auto`` (latest checkpoint in ``dir`` if
     any), ``none``, or a checkpoint path. ``keep_last``: older checkpoints are deleted (0 keeps all).
+    ``save_model``: at the end, the trained policy as a Hugging Face folder ``<run dir>/model``
+    (LoRA merged, tokenizer included) for ``from_pretrained``, ``rlf-serve`` or vLLM.
     """
 
     dir: str | None = None
@@ -183,6 +185,7 @@ class CheckpointConfig:
     resume: str = "auto"
     keep_last: int = 2
     save_final: bool = True
+    save_model: bool = True
 
 
 @dataclass

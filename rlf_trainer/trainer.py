@@ -60,7 +60,7 @@ from rlf_trainer.metrics import (
     rollout_metrics,
     sample_records,
 )
-from rlf_trainer.policy.base import Policy, SamplingParams
+from rlf_trainer.policy.base import Policy, SamplingParams, inference_state_dict
 from rlf_trainer.rollout import EpisodeStats, RolloutBatch, run_rollout
 
 logger = logging.getLogger(__name__)
@@ -386,6 +386,8 @@ class GRPOTrainer:
                         self.save_checkpoint()
             if cfg.checkpoint.save_final and self._last_saved_step != self.step:
                 self.save_checkpoint()
+            if cfg.checkpoint.save_model:
+                self.save_model()
             self._write_run_files()
         finally:
             self.close()
@@ -668,6 +670,30 @@ class GRPOTrainer:
         acc.wait_for_everyone()
         self._last_saved_step = self.step
         return path
+
+    def save_model(self, path: str | os.PathLike[str] | None = None) -> Path:
+        """The current policy as a Hugging Face model folder (default ``<run dir>/model``).
+
+        Config, safetensors, generation config and tokenizer; LoRA adapters are merged into the
+        weights and sharded (ZeRO-3/FSDP) parameters gathered first, so the folder loads like the
+        base model did. Call it on every process; the main process writes.
+
+        Example:
+            >>> trainer.save_model()                                      # doctest: +SKIP
+            >>> AutoModelForCausalLM.from_pretrained(trainer.run_dir / "model")  # doctest: +SKIP
+        """
+        out = Path(path) if path is not None else self.run_dir / "model"
+        acc = self.accelerator
+        acc.wait_for_everyone()
+        with self._full_parameters():
+            if acc.is_main_process:
+                model = acc.unwrap_model(self.model)
+                weights = {name: t.detach().contiguous() for name, t in inference_state_dict(model).items()}
+                plain = model.get_base_model() if hasattr(model, "peft_config") else model
+                plain.save_pretrained(out, state_dict=weights)
+                self.tokenizer.save_pretrained(out)
+        acc.wait_for_everyone()
+        return out
 
     def _log(self, metrics: dict[str, float]) -> None:
         self.history.add(self.step, metrics)

@@ -5,7 +5,7 @@
 #   3. train SmolLM2-135M-Instruct with GRPO on the bundled codebook tool task (RLF/ToolUse-v0 with a
 #      lookup tool; a 135M model cannot learn DeepSearch tool use on a CPU, see docs/learning.md);
 #      12 steps and a greedy evaluation on the 24 held-out words, ~11 min on 2 cores; TensorBoard,
-#      samples and a PNG curve in runs/learning/codebook/;
+#      samples, a PNG curve and the trained model (model/, a Hugging Face folder) in runs/learning/codebook/;
 #   4. the env benchmark (vector env vs sequential loop vs raw MCP SDK).
 # Usage: bash scripts/main.sh [extra trainer overrides, e.g. max_steps=20]
 set -euo pipefail

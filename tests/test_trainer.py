@@ -157,6 +157,65 @@ def test_resume_from_step_one_reproduces_step_two_exactly(straight_run, tiny_mod
     assert [r["step"] for r in history.records] == [1, 2]  # the history came back with the checkpoint
 
 
+def test_the_final_model_folder_loads_with_the_trained_weights(straight_run):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    trainer, _, trained = straight_run
+    folder = trainer.run_dir / "model"
+    loaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    assert loaded.state_dict().keys() == trained.keys()
+    for name, value in loaded.state_dict().items():
+        assert torch.equal(value, trained[name]), name
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert tokenizer.chat_template == trainer.tokenizer.chat_template and len(tokenizer) == len(
+        trainer.tokenizer
+    )
+
+
+def test_lora_trains_only_the_adapters_and_the_saved_model_has_them_merged(
+    tiny_model_dir, tmp_path, tiny_model
+):
+    """LoRA: the reference model is the base with adapters disabled, so KL is exactly 0 until B moves."""
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config(
+        tiny_model_dir,
+        tmp_path,
+        "logging.run_name=lora",
+        "lora.enabled=true",
+        "lora.r=4",
+        "lora.alpha=8",
+        "lora.target_modules=[q_proj, v_proj]",
+        "checkpoint.every=0",
+        "eval.every=0",
+    )
+    trainer = GRPOTrainer(config)
+    history = trainer.train()
+    first, second = history.records
+    assert first["kl"] == 0.0 and second["kl"] > 0  # lora_B starts at zero: policy == reference at step 1
+    assert first["grad_norm"] > 0
+
+    peft_model = trainer.accelerator.unwrap_model(trainer.model)
+    state = peft_model.state_dict()
+    lora_b = [v for k, v in state.items() if "lora_B" in k]
+    assert lora_b and all(float(v.abs().max()) > 0 for v in lora_b)
+    initial = tiny_model.state_dict()
+    for name, value in state.items():
+        if "lora_" not in name:
+            base = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+            assert torch.equal(value, initial[base]), f"{name}: a frozen base weight moved"
+
+    merged = AutoModelForCausalLM.from_pretrained(trainer.run_dir / "model", dtype=torch.float32).eval()
+    assert merged.state_dict().keys() == initial.keys()
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11]])
+    with torch.no_grad():
+        expected = peft_model.eval()(input_ids=ids).logits
+        got = merged(input_ids=ids).logits
+        untrained = tiny_model(input_ids=ids).logits
+    assert torch.allclose(got, expected, atol=1e-5)
+    assert float((got - untrained).abs().max()) > 1e-3  # the merge carried the adapters' change
+
+
 def _checkpoint_params(path: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
@@ -212,6 +271,8 @@ def test_cli_runs_one_step_on_cpu(tiny_model_dir, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "done: 1 steps logged" in result.stdout and "eval/reward=" in result.stdout
     assert (tmp_path / "tiny_test" / "checkpoints" / "step_00000001" / "trainer_state.json").is_file()
+    assert f"model: {tmp_path / 'tiny_test' / 'model'}" in result.stdout
+    assert (tmp_path / "tiny_test" / "model" / "config.json").is_file()
     (metrics,) = [
         json.loads(line) for line in (tmp_path / "tiny_test" / "metrics.jsonl").read_text().splitlines()
     ]

@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -214,6 +215,65 @@ def test_lora_trains_only_the_adapters_and_the_saved_model_has_them_merged(
         untrained = tiny_model(input_ids=ids).logits
     assert torch.allclose(got, expected, atol=1e-5)
     assert float((got - untrained).abs().max()) > 1e-3  # the merge carried the adapters' change
+
+
+def one_step(tiny_model_dir: Path, run_root: Path, *overrides: str) -> tuple[Any, dict[str, float], dict[str, torch.Tensor]]:  # fmt: skip
+    """(rollout batch, metrics, parameters) after one train step of a fresh trainer."""
+    config = tiny_config(
+        tiny_model_dir,
+        run_root,
+        "max_steps=1",
+        "eval.every=0",
+        "checkpoint.every=0",
+        "checkpoint.save_final=false",
+        "checkpoint.save_model=false",
+        *overrides,
+    )
+    trainer = GRPOTrainer(config)
+    try:
+        metrics = trainer.train_step()
+        return trainer.last_batch, metrics, params(trainer)
+    finally:
+        trainer.close()
+
+
+@pytest.mark.parametrize(
+    "lora",
+    [(), ("lora.enabled=true", "lora.r=4", "lora.target_modules=[q_proj, v_proj]", "optim.lr=0.02")],
+    ids=["full", "lora"],
+)
+def test_gradient_checkpointing_gives_the_same_update(tiny_model_dir, tmp_path, lora):
+    """Same rollout, same loss, same new weights; with LoRA too (where frozen inputs need grads enabled)."""
+    batch, plain, plain_params = one_step(tiny_model_dir, tmp_path / "plain", *lora)
+    batch_gc, checkpointed, gc_params = one_step(
+        tiny_model_dir, tmp_path / "gc", "gradient_checkpointing=true", *lora
+    )
+    assert torch.equal(batch.input_ids, batch_gc.input_ids)  # the comparison below is of the update alone
+    assert plain["grad_norm"] > 0
+    assert checkpointed["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-4)
+    assert checkpointed["loss"] == pytest.approx(plain["loss"], abs=1e-6)
+    assert gc_params.keys() == plain_params.keys()
+    for name, value in plain_params.items():
+        assert torch.allclose(gc_params[name], value, atol=1e-6, rtol=0), name
+
+
+def test_bf16_mixed_precision_keeps_float32_weights_and_a_close_update(tiny_model_dir, tmp_path):
+    from accelerate.state import AcceleratorState
+
+    batch, fp32, fp32_params = one_step(tiny_model_dir, tmp_path / "fp32")
+    # Accelerate keeps one mixed-precision setting per process; forget it so the bf16 trainer can start.
+    AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        batch_bf16, bf16, bf16_params = one_step(tiny_model_dir, tmp_path / "bf16", "mixed_precision=bf16")
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    assert torch.equal(batch.input_ids, batch_bf16.input_ids)
+    assert all(v.dtype == torch.float32 for v in bf16_params.values())  # autocast, float32 master weights
+    assert bf16["grad_norm"] > 0 and bf16["grad_norm"] == pytest.approx(fp32["grad_norm"], rel=0.1)
+    assert bf16["loss"] == pytest.approx(fp32["loss"], abs=0.02)
+    assert any(not torch.equal(bf16_params[n], fp32_params[n]) for n in fp32_params), (
+        "bf16 autocast had no effect at all: the check is void"
+    )
 
 
 def _checkpoint_params(path: Path) -> dict[str, torch.Tensor]:

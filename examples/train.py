@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         f"last reward/mean={last.get('reward/mean', float('nan')):.4f}{evaluation}"
     )
     if config.checkpoint.save_model:
-        print(f"model: {config.run_dir / 'model'} (a Hugging Face folder: from_pretrained, rlf-serve, vLLM)")
+        print(f"model: {config.model_dir} (a Hugging Face folder: from_pretrained, rlf-serve, vLLM)")
     return 0
 
 

@@ -229,6 +229,11 @@ class Config:
             return Path(os.path.expandvars(os.path.expanduser(self.checkpoint.dir)))
         return self.run_dir / "checkpoints"
 
+    @property
+    def model_dir(self) -> Path:
+        """Where the trained policy is written as a Hugging Face folder (``checkpoint.save_model``)."""
+        return self.run_dir / "model"
+
     def validate(self) -> Config:
         """Check values that types alone cannot; returns self. Raises :class:`ConfigError`."""
         checks = [

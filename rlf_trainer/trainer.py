@@ -672,7 +672,7 @@ class GRPOTrainer:
         return path
 
     def save_model(self, path: str | os.PathLike[str] | None = None) -> Path:
-        """The current policy as a Hugging Face model folder (default ``<run dir>/model``).
+        """The current policy as a Hugging Face model folder (default ``config.model_dir``, ``<run dir>/model``).
 
         Config, safetensors, generation config and tokenizer; LoRA adapters are merged into the
         weights and sharded (ZeRO-3/FSDP) parameters gathered first, so the folder loads like the
@@ -680,9 +680,9 @@ class GRPOTrainer:
 
         Example:
             >>> trainer.save_model()                                      # doctest: +SKIP
-            >>> AutoModelForCausalLM.from_pretrained(trainer.run_dir / "model")  # doctest: +SKIP
+            >>> AutoModelForCausalLM.from_pretrained(trainer.config.model_dir)  # doctest: +SKIP
         """
-        out = Path(path) if path is not None else self.run_dir / "model"
+        out = Path(path) if path is not None else self.config.model_dir
         acc = self.accelerator
         acc.wait_for_everyone()
         with self._full_parameters():

@@ -69,6 +69,21 @@ def tiny_config(tiny_model_dir: Path, run_dir: Path, *overrides: str):
     return config
 
 
+def train_py_command(tiny_model_dir: Path, log_dir: Path, *overrides: str) -> list[str]:
+    """``python examples/train.py`` on the tiny config, as a user starts it, with ``overrides``."""
+    return [
+        sys.executable,
+        str(ROOT / "examples" / "train.py"),
+        "--config",
+        str(TINY_CONFIG),
+        f"model.path={tiny_model_dir}",
+        "model.prepare=null",
+        f"logging.dir={log_dir}",
+        f"env.kwargs.mcp_servers.mcpServers.latency.command={sys.executable}",
+        *overrides,
+    ]
+
+
 def params(trainer: GRPOTrainer) -> dict[str, torch.Tensor]:
     model = trainer.accelerator.unwrap_model(trainer.model)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -162,7 +177,7 @@ def test_the_final_model_folder_loads_with_the_trained_weights(straight_run):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     trainer, _, trained = straight_run
-    folder = trainer.run_dir / "model"
+    folder = trainer.config.model_dir
     loaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     assert loaded.state_dict().keys() == trained.keys()
     for name, value in loaded.state_dict().items():
@@ -206,7 +221,7 @@ def test_lora_trains_only_the_adapters_and_the_saved_model_has_them_merged(
             base = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
             assert torch.equal(value, initial[base]), f"{name}: a frozen base weight moved"
 
-    merged = AutoModelForCausalLM.from_pretrained(trainer.run_dir / "model", dtype=torch.float32).eval()
+    merged = AutoModelForCausalLM.from_pretrained(trainer.config.model_dir, dtype=torch.float32).eval()
     assert merged.state_dict().keys() == initial.keys()
     ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11]])
     with torch.no_grad():
@@ -310,19 +325,13 @@ def test_eval_runs_every_n_steps_and_after_the_last():
 def test_cli_runs_one_step_on_cpu(tiny_model_dir, tmp_path):
     """``python examples/train.py --config ... key=value``: the way a user starts a CPU run."""
     result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "examples" / "train.py"),
-            "--config",
-            str(TINY_CONFIG),
-            f"model.path={tiny_model_dir}",
-            "model.prepare=null",
-            f"logging.dir={tmp_path}",
-            f"env.kwargs.mcp_servers.mcpServers.latency.command={sys.executable}",
+        train_py_command(
+            tiny_model_dir,
+            tmp_path,
             "max_steps=1",
             "eval.every=5",  # not a multiple of the run's length: the last step still evaluates
             "algorithm.beta=0",
-        ],
+        ),
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -14,7 +14,6 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,13 +21,13 @@ import torch
 
 from rlf_trainer.policy import SamplingParams
 from rlf_trainer.trainer import GRPOTrainer
-from tests.test_trainer import TINY_CONFIG, params, tiny_config
+from tests.test_trainer import params, tiny_config, train_py_command
+from tests.test_vllm_policy import LOGPROB_ATOL
 from tests.trainer_fixtures import forward_logprobs
 
 pytest_plugins = ["tests.trainer_fixtures"]
 
 REPO = Path(__file__).resolve().parents[1]
-LOGPROB_ATOL = 2e-3  # as in test_vllm_policy: float32 on both sides, kernels sum in another order
 ENGINE = (
     "policy.backend=vllm",
     "policy.vllm.dtype=float32",
@@ -113,13 +112,10 @@ def test_train_py_with_the_vllm_backend_runs_evaluates_and_exits_cleanly(tiny_mo
     The reward is the tests' text_reward (by import string, as a YAML config would name it): with
     the ToolUse f1 reward the random model scores 0 everywhere and no step would change anything.
     """
-    command = [
-        sys.executable, "examples/train.py", "--config", str(TINY_CONFIG),
-        f"model.path={tiny_model_dir}", "model.prepare=null", f"logging.dir={tmp_path}",
-        f"env.kwargs.mcp_servers.mcpServers.latency.command={sys.executable}",
-        "logging.progress_bar=false", "checkpoint.every=0", "env.import_kwargs.reward=tests.test_trainer:text_reward",
-        *ENGINE, *variant,
-    ]  # fmt: skip
+    command = train_py_command(
+        tiny_model_dir, tmp_path, "logging.progress_bar=false", "checkpoint.every=0",
+        "env.import_kwargs.reward=tests.test_trainer:text_reward", *ENGINE, *variant,
+    )  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}  # fmt: skip
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]

@@ -20,6 +20,11 @@ ENV_IDS: dict[str, tuple[str, str]] = {
     "RLF/ToolUse-v0": ("rlf_envs.factories:make_tool_use_env", "rlf_envs.factories:make_tool_use_vec"),
     "RLF/SQL-v0": ("rlf_envs.factories:make_sql_env", "rlf_envs.factories:make_sql_vec"),
     "RLF/PythonTool-v0": ("rlf_envs.factories:make_python_tool_env", "rlf_envs.factories:make_python_tool_vec"),
+    "RLF/Codebook-v0": ("rlf_envs.factories:make_codebook_env", "rlf_envs.factories:make_codebook_vec"),
+    "RLF/CustomerService-v0": (
+        "rlf_envs.factories:make_customer_service_env",
+        "rlf_envs.factories:make_customer_service_vec",
+    ),
 }
 
 

@@ -11,18 +11,22 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 
+from rlf_envs.dialogue.flags import SimChecks
+from rlf_envs.dialogue.runner import SimulatorRunner
+from rlf_envs.dialogue.simulator import resolve_user_simulator
 from rlf_envs.episode import EpisodeState
 from rlf_envs.runtime import LoopThread
 from rlf_envs.spaces import UnicodeText
-from rlf_envs.tasks.base import Task, TaskInstance
+from rlf_envs.task import Task, split_hidden_arguments
 from rlf_envs.tools.parsers import ToolCallParser, get_parser
 from rlf_envs.tools.toolbox import ToolBox
+from rlf_envs.types import TaskInstance
 
 DEFAULT_MAX_TEXT_LENGTH = 1_000_000
 
@@ -47,6 +51,36 @@ class ToolSettings:
             max_calls_per_turn=self.max_calls_per_turn,
             default_timeout_s=self.tool_timeout_s,
         )
+
+    def reset_info(self, task: Task) -> dict[str, Any]:
+        """What :meth:`Task.env_info` adds to reset infos: only while the task's own servers run."""
+        return dict(task.env_info()) if self.mcp_servers is None else {}
+
+
+def build_user_simulator(
+    task: Task, spec: Any = None, checks: SimChecks | Mapping[str, Any] | bool | None = None,
+    timeout_s: float = 120.0,
+) -> SimulatorRunner | None:  # fmt: skip
+    """The env's user simulator: ``spec`` (None: the task's default; False: none) with its checks.
+
+    ``checks``: a :class:`SimChecks`, a dict of its fields, True/None (the defaults) or False (off).
+
+    Example:
+        >>> from rlf_envs.task import FunctionTask
+        >>> task = FunctionTask("t", [], lambda ep: 0.0)
+        >>> build_user_simulator(task) is None, type(build_user_simulator(task, lambda r: "ok")).__name__
+        (True, 'SimulatorRunner')
+    """
+    simulator = resolve_user_simulator(task.default_user_simulator() if spec is None else spec)
+    if simulator is None:
+        return None
+    if checks is None or checks is True:
+        checks = SimChecks()
+    elif checks is False:
+        checks = SimChecks(enabled=False)
+    elif isinstance(checks, Mapping):
+        checks = SimChecks(**dict(checks))
+    return SimulatorRunner(simulator, checks, timeout_s=timeout_s)
 
 
 def pick_instance(task: Task, split: str, index: int | None, rng: Any) -> TaskInstance:
@@ -81,6 +115,9 @@ class ToolEnv(gym.Env[str, str]):
         tool_timeout_s: float = 30.0,
         max_text_length: int = DEFAULT_MAX_TEXT_LENGTH,
         render_mode: str | None = None,
+        user_simulator: Any = None,
+        sim_checks: SimChecks | Mapping[str, Any] | bool | None = None,
+        sim_timeout_s: float = 120.0,
     ) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(
@@ -96,6 +133,7 @@ class ToolEnv(gym.Env[str, str]):
         )
         self._parser = get_parser(parser)
         self._max_turns = max_turns
+        self._user_simulator = build_user_simulator(task, user_simulator, sim_checks, sim_timeout_s)
         self._loop: LoopThread | None = None
         self._toolbox: ToolBox | None = None
         self._state: EpisodeState | None = None
@@ -112,15 +150,21 @@ class ToolEnv(gym.Env[str, str]):
                 self._loop = None
                 raise
             self._toolbox = toolbox
-            self._state = EpisodeState(self.task, toolbox, self._parser, max_turns=self._max_turns)
+            self._state = EpisodeState(
+                self.task, toolbox, self._parser, max_turns=self._max_turns,
+                user_simulator=self._user_simulator,
+            )  # fmt: skip
         return self._state
 
     @property
     def tools(self) -> list[dict[str, Any]]:
-        """The tools' schemas in OpenAI function format (starts the tools if needed)."""
+        """The tools' schemas in OpenAI function format (starts the tools if needed).
+
+        Parameters the task fills in itself (:attr:`Task.hidden_arguments`) are left out.
+        """
         self._ensure_started()
         assert self._toolbox is not None
-        return self._toolbox.openai_tools()
+        return split_hidden_arguments(self._toolbox.openai_tools(), self.task.hidden_arguments)[0]
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -130,7 +174,9 @@ class ToolEnv(gym.Env[str, str]):
         state = self._ensure_started()
         self.split = options.get("split", self.split)
         instance = pick_instance(self.task, self.split, options.get("task_index"), self.np_random)
-        return state.start(instance, self.tools)
+        assert self._toolbox is not None
+        obs, info = state.start(instance, self._toolbox.openai_tools())
+        return obs, {**self._tool_settings.reset_info(self.task), **info}
 
     def num_tasks(self, split: str | None = None) -> int:
         """How many task instances ``split`` (default: the current one) holds."""
@@ -156,8 +202,12 @@ class ToolEnv(gym.Env[str, str]):
 
     def close(self) -> None:
         if self._loop is not None and not self._loop.closed:
+            if self._state is not None:
+                self._state.close_episode()
             if self._toolbox is not None:
                 self._loop.run(self._toolbox.aclose())
+            if self._user_simulator is not None:
+                self._loop.run(self._user_simulator.aclose())
             self._loop.close()
         self._loop = None
         self._toolbox = None

@@ -5,9 +5,17 @@ assistant turn, runs its tool calls concurrently through a :class:`~rlf_envs.too
 and on an answer (or at ``max_turns``) scores the episode with the task's async reward. It never
 raises for anything the model wrote, any tool failure or a reward function's own exception.
 
+With a user simulator (:mod:`rlf_envs.dialogue`), a turn with neither a tool call nor an answer is
+a message to the user: the simulator's reply is the next observation (``info["user_message"]``),
+its stop marker ends and scores the episode, and a failed or flagged reply ends it with
+``info["sim_error"]`` (truncated, still scored). A successful call of one of the task's
+``terminating_tools`` ends the episode too. Tools that take the task's ``hidden_arguments`` get
+them from :meth:`Task.open_episode` (the model never sees or writes them).
+
 Example:
     >>> import asyncio
-    >>> from rlf_envs.tasks.base import FunctionTask, TaskInstance
+    >>> from rlf_envs.task import FunctionTask
+    >>> from rlf_envs.types import TaskInstance
     >>> from rlf_envs.tools.toolbox import ToolBox
     >>> task = FunctionTask("demo", [TaskInstance("0", "2+2?", "4")],
     ...                     reward_fn=lambda ep: float(ep.final_answer == "4"))
@@ -20,16 +28,19 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlf_envs.rewards.rules import extract_answer
-from rlf_envs.tasks.base import Episode, Task, TaskInstance
+from rlf_envs.answers import extract_answer
+from rlf_envs.dialogue.runner import SimulatorRunner
+from rlf_envs.dialogue.simulator import UserTurnRequest
+from rlf_envs.task import Task, split_hidden_arguments
 from rlf_envs.tools.parsers import ParsedTurn, ToolCallParser, get_parser
 from rlf_envs.tools.toolbox import ToolBox
-from rlf_envs.tools.types import ErrorKind, ToolCall, ToolResult
+from rlf_envs.types import Episode, ErrorKind, TaskInstance, ToolCall, ToolResult
 
 __all__ = ["EpisodeState", "StepOutcome", "format_tool_results", "get_parser"]
 
@@ -67,12 +78,19 @@ class EpisodeState:
         *,
         max_turns: int | None = None,
         answer_tag: str = "answer",
+        user_simulator: SimulatorRunner | None = None,
     ) -> None:
         self.task = task
         self.toolbox = toolbox
         self.parser = parser
         self.max_turns = max_turns if max_turns is not None else task.max_turns
         self.answer_tag = answer_tag
+        self.user_simulator = user_simulator
+        self.user_turns = 0
+        self.sim_error: str | None = None
+        self.episode_args: dict[str, Any] = {}
+        self._episode_open = False
+        self._hidden_by_tool: dict[str, frozenset[str]] = {}
         self.instance: TaskInstance | None = None
         self.messages: list[dict[str, Any]] = []
         self.tool_records: list[dict[str, Any]] = []
@@ -83,8 +101,14 @@ class EpisodeState:
 
     def start(self, instance: TaskInstance, tools: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
         """Begin an episode on ``instance``; returns the reset ``(obs, info)``."""
+        self.close_episode()
         self.instance = instance
         prompt = self.task.user_prompt(instance)
+        tools, self._hidden_by_tool = split_hidden_arguments(tools, self.task.hidden_arguments)
+        self.episode_args = dict(self.task.open_episode(instance))
+        self._episode_open = True
+        self.user_turns = 0
+        self.sim_error = None
         self.messages = [
             {"role": "system", "content": self.task.system_prompt},
             {"role": "user", "content": prompt},
@@ -107,11 +131,13 @@ class EpisodeState:
         self.turns += 1
         answer = extract_answer(action, self.answer_tag)
         turn = self.parser.parse(action)
+        if answer is None and not turn.attempted and self.user_simulator is not None:
+            return await self._user_turn(action)
         if answer is not None or not turn.attempted:
             self.messages.append({"role": "assistant", "content": action})
             return await self._finish(action, answer, terminated=True, info={})
 
-        results = await self.toolbox.call_many(turn.calls)
+        results = await self._call_tools(turn.calls)
         results = [self.toolbox.fit(r) for r in _failure_results(turn)] + results
         self.messages.append(
             {"role": "assistant", "content": turn.content, "tool_calls": [c.to_openai() for c in turn.calls]}
@@ -129,10 +155,82 @@ class EpisodeState:
             "errors": [r.error_kind.value for r in results if r.error_kind is not None],
         }
         obs = format_tool_results(results)
-        if self.turns >= self.max_turns:
-            return await self._finish(action, None, terminated=False, info=info, obs=obs)
+        turn_reward = self._turn_reward(results)
+        info["turn_reward"] = turn_reward
+        ends = any(r.ok and r.call.name in self.task.terminating_tools for r in results)
+        if ends or self.turns >= self.max_turns:
+            outcome = await self._finish(action, None, terminated=ends, info=info, obs=obs)
+            outcome.reward += turn_reward
+            return outcome
         info["messages"] = [dict(m) for m in self.messages]
-        return StepOutcome(obs=obs, reward=0.0, terminated=False, truncated=False, info=info)
+        return StepOutcome(obs=obs, reward=turn_reward, terminated=False, truncated=False, info=info)
+
+    async def _call_tools(self, calls: list[ToolCall]) -> list[ToolResult]:
+        """Run a turn's calls, the episode's hidden arguments filled in (and kept out of the records)."""
+        if not self._hidden_by_tool:
+            return await self.toolbox.call_many(calls)
+        bound = []
+        for call in calls:
+            names = self._hidden_by_tool.get(call.name, frozenset())
+            extra = {k: v for k, v in self.episode_args.items() if k in names}
+            bound.append(dataclasses.replace(call, arguments={**call.arguments, **extra}) if extra else call)
+        results = await self.toolbox.call_many(bound)
+        return [dataclasses.replace(r, call=c) for r, c in zip(results, calls, strict=True)]
+
+    async def _user_turn(self, action: str) -> StepOutcome:
+        """The agent spoke to the user: the simulator answers, stops the episode, or is flagged."""
+        assert self.user_simulator is not None and self.instance is not None
+        self.messages.append({"role": "assistant", "content": action})
+        if self.turns >= self.max_turns:
+            return await self._finish(action, None, terminated=False, info={})
+        request = UserTurnRequest(
+            instance=self.instance,
+            instructions=self.task.user_instructions(self.instance),
+            messages=[dict(m) for m in self.messages],
+            turn=self.user_turns,
+        )
+        reply = await self.user_simulator.next_turn(request)
+        if reply.flag is not None:
+            self.sim_error = reply.flag.kind.value
+            info = {
+                "sim_error": self.sim_error,
+                "sim_error_message": reply.flag.message,
+                "sim_raw": reply.raw,
+            }
+            obs = f"Error (sim_error {self.sim_error}): {reply.flag.message}"
+            return await self._finish(action, None, terminated=False, info=info, obs=obs)
+        self.user_turns += 1
+        user_message = {"role": "user", "content": reply.text}
+        if reply.stop:
+            if reply.text:
+                self.messages.append(user_message)
+            return await self._finish(action, None, terminated=True, info={"user_stop": True})
+        self.messages.append(user_message)
+        info: dict[str, Any] = {
+            "user_message": dict(user_message),
+            "tool_messages": [],
+            "tool_calls": [],
+            "errors": [],
+            "turn_reward": 0.0,
+            "messages": [dict(m) for m in self.messages],
+        }
+        return StepOutcome(obs=reply.text, reward=0.0, terminated=False, truncated=False, info=info)
+
+    def close_episode(self) -> None:
+        """Release the episode's per-episode state (once; also when an unfinished episode is reset)."""
+        if self._episode_open:
+            self._episode_open = False
+            try:
+                self.task.close_episode(self.episode_args)
+            except Exception:  # cleanup trouble must not break the next episode
+                traceback.print_exc(limit=2)
+
+    def _turn_reward(self, results: list[ToolResult]) -> float:
+        """The task's process reward for a tool turn: only when every call of the turn succeeded."""
+        bonus = float(getattr(self.task, "tool_success_reward", 0.0) or 0.0)
+        if bonus and results and all(r.error_kind is None for r in results):
+            return bonus
+        return 0.0
 
     async def _finish(
         self, action: str, answer: str | None, *, terminated: bool, info: dict[str, Any], obs: str = ""
@@ -148,8 +246,14 @@ class EpisodeState:
             turns=self.turns,
             terminated=terminated,
             truncated=not terminated,
+            user_turns=self.user_turns,
+            sim_error=self.sim_error,
+            episode_args=dict(self.episode_args),
         )
-        reward, reward_info = await self._score(episode)
+        try:
+            reward, reward_info = await self._score(episode)
+        finally:
+            self.close_episode()
         info.update(
             messages=episode.messages,
             answer=answer,
@@ -160,6 +264,8 @@ class EpisodeState:
                 "tool_errors": sum(1 for r in self.tool_records if not r["ok"]),
             },
         )
+        if self.user_simulator is not None:  # a dialogue episode
+            info["episode_stats"].update(user_turns=self.user_turns, sim_error=self.sim_error)
         info.setdefault("tool_messages", [])
         info.setdefault("tool_calls", [])
         info.setdefault("errors", [])

@@ -17,7 +17,7 @@ import inspect
 from typing import Any
 
 from rlf_envs.env import ToolEnv
-from rlf_envs.tasks.base import Task
+from rlf_envs.task import Task
 from rlf_envs.tasks.tool_use import make_tool_use_task
 from rlf_envs.vector import ToolVectorEnv
 
@@ -37,6 +37,7 @@ def _task(ref: str, kwargs: dict[str, Any]) -> Task:
 DEEPSEARCH = "rlf_envs.tasks.deepsearch.task:DeepSearchTask"
 SQL = "rlf_envs.tasks.sql.task:SQLTask"
 PYTHON_TOOL = "rlf_envs.tasks.python_tool.task:PythonToolTask"
+CUSTOMER_SERVICE = "rlf_envs.tasks.customer_service.task:CustomerServiceTask"
 
 
 def make_deepsearch_env(**kwargs: Any) -> ToolEnv:
@@ -64,6 +65,34 @@ def make_python_tool_env(**kwargs: Any) -> ToolEnv:
 
 def make_python_tool_vec(num_envs: int = 1, **kwargs: Any) -> ToolVectorEnv:
     return ToolVectorEnv(_task(PYTHON_TOOL, kwargs), num_envs, **kwargs)
+
+
+def make_customer_service_env(**kwargs: Any) -> ToolEnv:
+    """``RLF/CustomerService-v0``: a shop agent with tools, a simulated customer and a goal-state reward."""
+    return ToolEnv(_task(CUSTOMER_SERVICE, kwargs), **kwargs)
+
+
+def make_customer_service_vec(num_envs: int = 1, **kwargs: Any) -> ToolVectorEnv:
+    return ToolVectorEnv(_task(CUSTOMER_SERVICE, kwargs), num_envs, **kwargs)
+
+
+def _codebook_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    from rlf_envs.tasks.codebook.task import tool_use_kwargs
+
+    return {**tool_use_kwargs(), **kwargs}
+
+
+def make_codebook_env(**kwargs: Any) -> ToolEnv:
+    """``RLF/Codebook-v0``: look a word's code up with the ``lookup`` tool, then say it (a tiny learnable task).
+
+    It is ``RLF/ToolUse-v0`` with the codebook's questions, tool, reward and system prompt
+    (:func:`rlf_envs.tasks.codebook.tool_use_kwargs`); any of them can still be overridden.
+    """
+    return make_tool_use_env(**_codebook_kwargs(kwargs))
+
+
+def make_codebook_vec(num_envs: int = 1, **kwargs: Any) -> ToolVectorEnv:
+    return make_tool_use_vec(num_envs, **_codebook_kwargs(kwargs))
 
 
 def make_tool_use_env(**kwargs: Any) -> ToolEnv:

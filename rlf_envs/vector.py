@@ -16,18 +16,19 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from rlf_envs.env import DEFAULT_MAX_TEXT_LENGTH, ToolSettings, pick_instance
+from rlf_envs.dialogue.flags import SimChecks
+from rlf_envs.env import DEFAULT_MAX_TEXT_LENGTH, ToolSettings, build_user_simulator, pick_instance
 from rlf_envs.episode import EpisodeState, StepOutcome
 from rlf_envs.runtime import LoopThread
 from rlf_envs.spaces import UnicodeText
-from rlf_envs.tasks.base import Task
+from rlf_envs.task import Task, split_hidden_arguments
 from rlf_envs.tools.parsers import ToolCallParser, get_parser
 from rlf_envs.tools.toolbox import ToolBox
 
@@ -61,6 +62,9 @@ class ToolVectorEnv(VectorEnv):
         tool_timeout_s: float = 30.0,
         max_text_length: int = DEFAULT_MAX_TEXT_LENGTH,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+        user_simulator: Any = None,
+        sim_checks: SimChecks | Mapping[str, Any] | bool | None = None,
+        sim_timeout_s: float = 120.0,
     ) -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
@@ -75,19 +79,27 @@ class ToolVectorEnv(VectorEnv):
         self.action_space = batch_space(self.single_action_space, num_envs)
 
         self._loop = LoopThread(f"rlf-vec-{task.name}")
-        self.toolbox: ToolBox = ToolSettings(
+        settings = ToolSettings(
             mcp_servers, python_tools, max_result_chars, max_calls_per_turn, tool_timeout_s
-        ).build(task)
+        )
+        self.toolbox: ToolBox = settings.build(task)
+        self._reset_info = settings.reset_info(task)
         try:
             self._loop.run(self.toolbox.start())
         except BaseException:
             self._loop.run(self.toolbox.aclose())
             self._loop.close()
             raise
-        self.tools: list[dict[str, Any]] = self.toolbox.openai_tools()
+        self._all_tools = self.toolbox.openai_tools()  # with the task's hidden arguments
+        self.tools: list[dict[str, Any]] = split_hidden_arguments(self._all_tools, task.hidden_arguments)[0]
         parser_obj = get_parser(parser)
+        # one simulator (one HTTP client) for every sub-env: a step's user turns overlap on this loop
+        self._user_simulator = build_user_simulator(task, user_simulator, sim_checks, sim_timeout_s)
         self._states = [
-            EpisodeState(task, self.toolbox, parser_obj, max_turns=max_turns) for _ in range(num_envs)
+            EpisodeState(
+                task, self.toolbox, parser_obj, max_turns=max_turns, user_simulator=self._user_simulator
+            )
+            for _ in range(num_envs)
         ]
         self._needs_reset = np.ones(num_envs, dtype=bool)
         self._last: list[StepResult | None] = [None] * num_envs
@@ -116,7 +128,8 @@ class ToolVectorEnv(VectorEnv):
 
     def _reset_one(self, i: int, index: int | None = None) -> tuple[str, dict[str, Any]]:
         instance = pick_instance(self.task, self.split, index, self.np_random)
-        obs, info = self._states[i].start(instance, self.tools)
+        obs, info = self._states[i].start(instance, self._all_tools)
+        info = {**self._reset_info, **info}
         self._needs_reset[i] = False
         self._last[i] = (obs, 0.0, False, False, info)
         return obs, info
@@ -204,5 +217,9 @@ class ToolVectorEnv(VectorEnv):
 
     def close_extras(self, **kwargs: Any) -> None:
         if not self._loop.closed:
+            for state in self._states:
+                state.close_episode()
             self._loop.run(self.toolbox.aclose())
+            if self._user_simulator is not None:
+                self._loop.run(self._user_simulator.aclose())
             self._loop.close()

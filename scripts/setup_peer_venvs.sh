@@ -9,7 +9,7 @@
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENVS="${RLF_PEER_VENVS:-$ROOT/.venv-peers}"
+VENVS="${RLF_PEER_VENVS:-$ROOT/.venv-peers}"  # rlf-bench reads $RLF_PEER_VENVS too, else ./.venv-peers
 PYTHON="${PYTHON:-python}"
 FORCE="${1:-}"
 mkdir -p "$VENVS"

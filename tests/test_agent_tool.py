@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import gymnasium as gym
-import pytest
 
 import rlf_envs  # noqa: F401
 from rlf_envs.env import ToolEnv
@@ -20,8 +19,7 @@ from rlf_envs.tasks.deepsearch.summarizer import (
     SummarizingDeepSearchTask,
     summarizer_mcp_config,
 )
-from tests.mcp_fixtures.helpers import free_port, http_server
-from tests.test_judge import OpenAITestServer, rlf_serve, tiny_model_path
+from tests.helpers import OpenAITestServer, free_port, http_server, rlf_serve
 
 TASKS = [{"question": "What is the capital of Zorvia?", "answer": "Leidax"}]
 
@@ -34,21 +32,8 @@ def tool_texts(info: dict[str, Any]) -> list[str]:
     return [m["content"] for m in info["tool_messages"]]
 
 
-@pytest.fixture(scope="module")
-def server_instance() -> Iterator[OpenAITestServer]:
-    server = OpenAITestServer().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def server(server_instance: OpenAITestServer) -> OpenAITestServer:
-    server_instance.reset()
-    return server_instance
-
-
-def test_ask_expert_over_stdio_answers_in_a_tool_use_env(server: OpenAITestServer) -> None:
-    expert = agent_server_config(server.url, "expert-1", system_prompt="Be brief.", max_tokens=64)
+def test_ask_expert_over_stdio_answers_in_a_tool_use_env(openai_server: OpenAITestServer) -> None:
+    expert = agent_server_config(openai_server.url, "expert-1", system_prompt="Be brief.", max_tokens=64)
     env = gym.make("RLF/ToolUse-v0", tasks=TASKS, mcp_servers={"mcpServers": {"expert": expert}})
     try:
         _, info = env.reset(seed=0)
@@ -63,15 +48,15 @@ def test_ask_expert_over_stdio_answers_in_a_tool_use_env(server: OpenAITestServe
         assert terminated and reward == 1.0
     finally:
         env.close()
-    [body] = server.bodies
+    [body] = openai_server.bodies
     assert body["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of Zorvia?"}]  # fmt: skip
     assert (body["model"], body["max_tokens"]) == ("expert-1", 64)
 
 
-def test_agent_over_streamable_http(server: OpenAITestServer) -> None:
+def test_agent_over_streamable_http(openai_server: OpenAITestServer) -> None:
     port = free_port()
-    argv = [sys.executable, "-m", "rlf_envs.servers.agent", "--base-url", server.url, "--model", "remote",
-            "--name", "consult", "--arg-name", "request"]  # fmt: skip
+    argv = [sys.executable, "-m", "rlf_envs.servers.agent", "--base-url", openai_server.url,
+            "--model", "remote", "--name", "consult", "--arg-name", "request"]  # fmt: skip
     with http_server(argv, port):
         servers = {"mcpServers": {"remote": {"url": f"http://127.0.0.1:{port}/mcp"}}}
         env = gym.make("RLF/ToolUse-v0", tasks=TASKS, mcp_servers=servers)
@@ -84,9 +69,9 @@ def test_agent_over_streamable_http(server: OpenAITestServer) -> None:
     assert info["errors"] == [] and tool_texts(info) == ["[remote] HELLO"]
 
 
-def test_8_envs_ask_at_once_and_the_calls_overlap(server: OpenAITestServer) -> None:
-    server.delay_s = 0.5
-    expert = agent_server_config(server.url, "expert-1")
+def test_8_envs_ask_at_once_and_the_calls_overlap(openai_server: OpenAITestServer) -> None:
+    openai_server.delay_s = 0.5
+    expert = agent_server_config(openai_server.url, "expert-1")
     envs = gym.make_vec(
         "RLF/ToolUse-v0", num_envs=8, tasks=TASKS, mcp_servers={"mcpServers": {"expert": expert}}
     )
@@ -96,17 +81,17 @@ def test_8_envs_ask_at_once_and_the_calls_overlap(server: OpenAITestServer) -> N
     finally:
         envs.close()
     assert [tool_texts({"tool_messages": m}) for m in infos["tool_messages"]] == [[f"[expert-1] Q{i}"] for i in range(8)]  # fmt: skip
-    assert server.requests == 8 and server.peak_in_flight == 8
+    assert openai_server.requests == 8 and openai_server.peak_in_flight == 8
 
 
-def test_failures_of_the_model_behind_the_tool_are_clear_tool_errors(server: OpenAITestServer) -> None:
+def test_failures_of_the_model_behind_the_tool_are_clear_tool_errors(openai_server: OpenAITestServer) -> None:
     dead_url = f"http://127.0.0.1:{free_port()}/v1"
     servers = {
         "down": agent_server_config(dead_url, "m", name="ask_down", retries=0),
-        "overloaded": agent_server_config(server.url, "fail-503", name="ask_overloaded", retries=1),
-        "refusing": agent_server_config(server.url, "fail-401", name="ask_refusing", retries=1),
-        "slow": agent_server_config(server.url, "hang", name="ask_slow", timeout_s=0.5, retries=0),
-        "mute": agent_server_config(server.url, "empty", name="ask_mute"),
+        "overloaded": agent_server_config(openai_server.url, "fail-503", name="ask_overloaded", retries=1),
+        "refusing": agent_server_config(openai_server.url, "fail-401", name="ask_refusing", retries=1),
+        "slow": agent_server_config(openai_server.url, "hang", name="ask_slow", timeout_s=0.5, retries=0),
+        "mute": agent_server_config(openai_server.url, "empty", name="ask_mute"),
     }
     env = gym.make("RLF/ToolUse-v0", tasks=TASKS, mcp_servers={"mcpServers": servers})
     try:
@@ -123,12 +108,12 @@ def test_failures_of_the_model_behind_the_tool_are_clear_tool_errors(server: Ope
     assert "ask_slow failed (unavailable)" in slow and "no reply within 0.5 s" in slow
     assert "empty_reply" in mute
     assert "'question' is empty" in blank
-    assert sum(b["model"] == "fail-503" for b in server.bodies) == 2  # retried once
-    assert sum(b["model"] == "fail-401" for b in server.bodies) == 1  # a 4xx is not retried
+    assert sum(b["model"] == "fail-503" for b in openai_server.bodies) == 2  # retried once
+    assert sum(b["model"] == "fail-401" for b in openai_server.bodies) == 1  # a 4xx is not retried
 
 
-def test_agent_in_front_of_rlf_serve_with_the_tiny_model() -> None:
-    with rlf_serve(tiny_model_path()) as (url, _):
+def test_agent_in_front_of_rlf_serve_with_the_tiny_model(shared_tiny_model_dir: Path) -> None:
+    with rlf_serve(shared_tiny_model_dir) as (url, _):
         expert = agent_server_config(
             url, "tiny", max_tokens=12, system_prompt="Answer briefly.", temperature=1.0, seed=0
         )
@@ -156,8 +141,8 @@ def test_agent_in_front_of_rlf_serve_with_the_tiny_model() -> None:
     assert direct.strip() and info["errors"] == [] and tool_texts(info) == [direct]
 
 
-def test_summarize_next_to_search_in_deepsearch(server: OpenAITestServer) -> None:
-    env = gym.make("RLF/DeepSearch-v0", mcp_servers=summarizer_mcp_config(server.url, "summarizer-1"))
+def test_summarize_next_to_search_in_deepsearch(openai_server: OpenAITestServer) -> None:
+    env = gym.make("RLF/DeepSearch-v0", mcp_servers=summarizer_mcp_config(openai_server.url, "summarizer-1"))
     try:
         _, info = env.reset(seed=0)
         assert sorted(t["function"]["name"] for t in info["tools"]) == ["search", "summarize"]
@@ -170,11 +155,13 @@ def test_summarize_next_to_search_in_deepsearch(server: OpenAITestServer) -> Non
     search, summary = tool_texts(info)
     assert search.startswith("Doc 1 (Title:")
     assert summary == "[summarizer-1] LONG TEXT ABOUT RIVERS."
-    assert server.bodies[0]["messages"][0] == {"role": "system", "content": SUMMARIZE_SYSTEM_PROMPT}
+    assert openai_server.bodies[0]["messages"][0] == {"role": "system", "content": SUMMARIZE_SYSTEM_PROMPT}
 
 
-def test_summarizing_task_variant_declares_both_tools(server: OpenAITestServer) -> None:
-    task = SummarizingDeepSearchTask(summarizer_url=server.url, summarizer_model="summarizer-1", world_seed=0)
+def test_summarizing_task_variant_declares_both_tools(openai_server: OpenAITestServer) -> None:
+    task = SummarizingDeepSearchTask(
+        summarizer_url=openai_server.url, summarizer_model="summarizer-1", world_seed=0
+    )
     env = ToolEnv(task, split="test")
     try:
         _, info = env.reset(seed=0)

@@ -2,7 +2,7 @@
 
 import json
 
-from rlf_cli.bench import main
+from rlf_bench.cli import main
 
 KEYS = {
     "env_steps_per_s",

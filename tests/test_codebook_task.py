@@ -1,8 +1,7 @@
-"""The codebook task through RLF/ToolUse-v0: deterministic data, the lookup tool, the shaped reward."""
+"""The codebook task (RLF/Codebook-v0, i.e. RLF/ToolUse-v0 with its kwargs): deterministic data, the lookup tool, the shaped reward."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 from collections.abc import Iterator
@@ -11,6 +10,7 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 import yaml
+from gymnasium.utils.env_checker import check_env
 
 import rlf_envs  # noqa: F401  (registers the ids)
 from rlf_envs.tasks.codebook import (
@@ -19,6 +19,7 @@ from rlf_envs.tasks.codebook import (
     EXAMPLE_WORD,
     SYSTEM_PROMPT,
     TEST_TASKS,
+    TOOL_NAME,
     TRAIN_TASKS,
     WORDS,
     make_codebook,
@@ -179,12 +180,8 @@ def test_an_episode_cut_off_while_calling_tools_has_no_answer(env: gym.Env) -> N
 def test_learning_config_names_this_task_and_makes_a_vector_env() -> None:
     config = yaml.safe_load(CONFIG.read_text())
     env_cfg = config["env"]
-    kwargs = dict(env_cfg["kwargs"])
-    for key, spec in env_cfg["import_kwargs"].items():
-        specs = spec if isinstance(spec, list) else [spec]
-        objects = [getattr(importlib.import_module(s.split(":")[0]), s.split(":")[1]) for s in specs]
-        kwargs[key] = objects if isinstance(spec, list) else objects[0]
-    assert {k: kwargs[k] for k in tool_use_kwargs()} == tool_use_kwargs()
+    assert env_cfg["id"] == "RLF/Codebook-v0" and "import_kwargs" not in env_cfg
+    kwargs = dict(env_cfg.get("kwargs") or {})
     assert env_cfg["num_train_tasks"] == len(TRAIN_TASKS)
     envs = gym.make_vec(
         env_cfg["id"],
@@ -204,3 +201,28 @@ def test_learning_config_names_this_task_and_makes_a_vector_env() -> None:
         assert rewards[0] == 1.0 and terminated[0]
     finally:
         envs.close()
+
+
+def test_codebook_id_passes_check_env_and_matches_tool_use() -> None:
+    env = gym.make("RLF/Codebook-v0", max_turns=2)
+    try:
+        check_env(env.unwrapped, skip_render_check=True)
+        _, info = env.reset(seed=0, options={"task_index": 0})
+        assert [m["content"] for m in info["messages"]] == [SYSTEM_PROMPT, TRAIN_TASKS[0]["question"]]
+        assert [tool["function"]["name"] for tool in info["tools"]] == [TOOL_NAME]
+    finally:
+        env.close()
+
+
+def test_tool_success_reward_is_the_step_reward_of_a_good_tool_turn() -> None:
+    env = gym.make("RLF/Codebook-v0", tool_success_reward=0.1, max_turns=3)
+    try:
+        record = start(env, 2)
+        _, reward, terminated, _, info = env.step(call(record["word"]))
+        assert not terminated and reward == pytest.approx(0.1) and info["turn_reward"] == pytest.approx(0.1)
+        _, reward, _, _, info = env.step(call("not-a-word"))  # a failed call earns no step reward
+        assert reward == 0.0 and info["turn_reward"] == 0.0
+        _, reward, terminated, _, _ = env.step(f"<answer>{record['answer']}</answer>")
+        assert terminated and reward == 1.0  # the final reward itself is unchanged
+    finally:
+        env.close()

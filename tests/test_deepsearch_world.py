@@ -20,7 +20,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlf_envs.rewards.rules import normalize_answer
-from rlf_envs.tasks.base import Episode
 from rlf_envs.tasks.deepsearch import build_index as build_index_cli
 from rlf_envs.tasks.deepsearch.data import DataFormatError, Document, load_qa, load_qa_splits, read_corpus
 from rlf_envs.tasks.deepsearch.index import (
@@ -32,13 +31,9 @@ from rlf_envs.tasks.deepsearch.index import (
 )
 from rlf_envs.tasks.deepsearch.task import DeepSearchTask
 from rlf_envs.tasks.deepsearch.world import World, WorldConsistencyError, generate_world
+from rlf_envs.types import Episode
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def world() -> World:
-    return generate_world(0)
 
 
 @pytest.fixture(scope="module")
@@ -388,7 +383,7 @@ def test_task_instances_prompt_and_mcp_config(tmp_path: Path, world: World) -> N
     assert "search" in task.system_prompt and "<answer>" in task.system_prompt
     server = task.mcp_config()["mcpServers"]["search"]
     assert server["command"] == sys.executable and server["timeout_s"] == 30
-    assert server["args"][:2] == ["-m", "rlf_envs.servers.search"]
+    assert server["args"][:2] == ["-m", "rlf_envs.tasks.deepsearch.server"]
     index_dir = Path(server["args"][server["args"].index("--index") + 1])
     assert read_meta(index_dir)["content_hash"] == world.corpus_hash()
     assert server["args"][server["args"].index("--top-k") + 1] == "5"

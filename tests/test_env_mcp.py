@@ -8,12 +8,10 @@ import sys
 import threading
 
 import gymnasium as gym
-import pytest
 from gymnasium.utils.env_checker import check_env
 
 import rlf_envs  # noqa: F401
-from rlf_envs.tasks.deepsearch.world import generate_world
-from tests.mcp_fixtures.helpers import faulty_server, free_port, http_server, latency_server
+from tests.helpers import faulty_server, free_port, http_server, latency_server
 
 TASKS = [{"question": f"q{i}", "answer": str(i)} for i in range(8)]
 
@@ -30,7 +28,7 @@ def stats_of(envs):
 
 
 def _tool_call(name, **arguments):
-    from rlf_envs.tools.types import ToolCall
+    from rlf_envs.types import ToolCall
 
     return ToolCall(name=name, arguments=arguments)
 
@@ -108,11 +106,6 @@ def test_tool_use_over_mcp_passes_check_env():
     env.close()
 
 
-@pytest.fixture(scope="module")
-def world():
-    return generate_world(0)
-
-
 def oracle_turns(world, question_id, answer=None):
     solution = world.solve(question_id)
     turns = [call("search", query=q) for q in solution.queries]
@@ -168,7 +161,7 @@ def test_module_form_needs_no_import_and_envs_never_import_torch():
         "import sys, gymnasium as gym\n"
         "env = gym.make('envs_registry:RLF/ToolUse-v0', tasks=[{'question': 'q'}])\n"
         "print(env.reset(seed=0)[0]); env.close()\n"
-        "import rlf_envs.vector, rlf_envs.bench.env_bench, rlf_envs.tasks.deepsearch.task\n"
+        "import rlf_envs.vector, rlf_bench.env_bench, rlf_envs.tasks.deepsearch.task\n"
         "import rlf_envs.integrations.trl_environment\n"
         "print(sorted(m for m in ('torch', 'transformers', 'trl', 'vllm', 'rlf_trainer') if m in sys.modules))"
     )

@@ -1,170 +1,33 @@
 """JudgeReward over real HTTP: a scripted OpenAI-compatible aiohttp server and rlf-serve with a tiny model.
 
-Also home of two helpers the agent-tool and serve tests import: :class:`OpenAITestServer` (a real
-aiohttp server written for the tests) and :func:`rlf_serve` (``python -m rlf_trainer.serve`` as a
-subprocess on a free port).
+The scripted server (:class:`tests.helpers.OpenAITestServer`, fixture ``openai_server``) and
+:func:`tests.helpers.rlf_serve` (``python -m rlf_serve.app`` as a subprocess) are shared with the
+agent-tool and serve tests.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
-import re
 import signal
-import subprocess
-import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import gymnasium as gym
 import pytest
-from aiohttp import web
 
 import rlf_envs  # noqa: F401
+from rlf_envs.llm_client import ChatErrorKind, chat_completions_url
 from rlf_envs.rewards.judge import (
     NO_REFERENCE,
-    ChatErrorKind,
     JudgeReward,
-    chat_completions_url,
     parse_score_tag,
     parse_yes_no,
     render_prompt,
 )
-from rlf_envs.rewards.rules import exact_match
-from rlf_envs.tasks.base import Episode, TaskInstance
-from tests.mcp_fixtures.helpers import REPO, LoopThread, free_port, wait_for_port
-
-# ------------------------------------------------------------------------------------------------
-# Shared helpers
-# ------------------------------------------------------------------------------------------------
-
-_JUDGE_PROMPT = re.compile(r"Reference answer\(s\): (.*)\nCandidate answer: (.*)\n")
-
-
-def scripted_reply(body: dict[str, Any]) -> str:
-    """What the test server answers: a verdict to a judge prompt, else ``[model] USER TEXT``."""
-    user = next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
-    judge = _JUDGE_PROMPT.search(user)
-    if judge is None:
-        return f"[{body.get('model')}] {user.upper()}"
-    correct = exact_match(judge.group(2), judge.group(1).split(" | "))
-    if "Reply with yes or no" in user:
-        return "yes" if correct else "no"
-    return f"<score>{int(correct)}</score>"
-
-
-class OpenAITestServer:
-    """A real OpenAI-compatible ``/v1/chat/completions`` server on its own loop thread.
-
-    Replies with :func:`scripted_reply`. The model name scripts failures: ``fail-<status>`` answers
-    that HTTP status, ``hang`` never answers, ``garbage`` answers a 200 that is not JSON, ``empty``
-    an empty message. Knobs: ``delay_s`` before each reply, ``fail_first`` (HTTP 500 for the first
-    k requests), ``reply`` (a fixed reply text). Counters: ``requests``, ``in_flight``,
-    ``peak_in_flight``, ``bodies``.
-    """
-
-    def __init__(self) -> None:
-        self._loop = LoopThread()
-        self._runner: web.AppRunner | None = None
-        self.port = 0
-        self.reset()
-
-    def reset(self) -> None:
-        self.delay_s = 0.0
-        self.fail_first = 0
-        self.reply: str | None = None
-        self.requests = 0
-        self.in_flight = 0
-        self.peak_in_flight = 0
-        self.bodies: list[dict[str, Any]] = []
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def start(self) -> OpenAITestServer:
-        self._loop.run(self._start())
-        return self
-
-    async def _start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self._handle)
-        # handler_cancellation: a client that gives up (timeout) ends the handler of a hung request
-        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        self.port = self._runner.addresses[0][1]
-
-    def stop(self) -> None:
-        if self._runner is not None:
-            self._loop.run(self._runner.cleanup())
-        self._loop.close()
-
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        self.requests += 1
-        self.in_flight += 1
-        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
-        try:
-            body = await request.json()
-            self.bodies.append(body)
-            model = str(body.get("model", ""))
-            if self.requests <= self.fail_first:
-                return web.json_response({"error": {"message": "scripted overload"}}, status=500)
-            if model.startswith("fail-"):
-                return web.json_response({"error": {"message": "scripted failure"}}, status=int(model[5:]))
-            if model == "hang":
-                await asyncio.sleep(60)
-            if model == "garbage":
-                return web.Response(text="<html>not a completion</html>")
-            await asyncio.sleep(self.delay_s)
-            text = "" if model == "empty" else self.reply if self.reply is not None else scripted_reply(body)
-            return web.json_response(
-                {
-                    "id": "chatcmpl-test",
-                    "object": "chat.completion",
-                    "model": model,
-                    "choices": [
-                        {
-                            "index": 0,
-                            "message": {"role": "assistant", "content": text},
-                            "finish_reason": "stop",
-                        }
-                    ],  # fmt: skip
-                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-                }
-            )
-        finally:
-            self.in_flight -= 1
-
-
-@contextlib.contextmanager
-def rlf_serve(model_dir: Path, *extra_args: str, ready_timeout_s: float = 180.0) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:  # fmt: skip
-    """``python -m rlf_trainer.serve`` on a free port, serving ``model_dir`` as model "tiny"; yields (base_url, process).
-
-    One torch thread: on a small shared CPU, more threads of a tiny model mostly wait for each other.
-    """
-    port = free_port()
-    command = [sys.executable, "-m", "rlf_trainer.serve", "--model", str(model_dir), "--served-model-name", "tiny",
-               "--port", str(port), "--threads", "1", *extra_args]  # fmt: skip
-    with tempfile.TemporaryFile() as log:
-        process = subprocess.Popen(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=log, stderr=log)  # fmt: skip
-        try:
-            try:
-                wait_for_port(port, process, ready_timeout_s)
-            except (RuntimeError, TimeoutError):
-                log.seek(0)
-                raise RuntimeError(
-                    f"rlf-serve did not start:\n{log.read().decode(errors='replace')[-3000:]}"
-                ) from None
-            yield f"http://127.0.0.1:{port}/v1", process
-        finally:
-            process.kill()
-            process.wait(timeout=30)
+from rlf_envs.types import Episode, TaskInstance
+from tests.helpers import OpenAITestServer, free_port, rlf_serve
 
 
 async def get_json(url: str) -> Any:
@@ -191,19 +54,6 @@ async def judge_all(judge: JudgeReward, episodes: list[Episode]) -> list[dict[st
         return list(await asyncio.gather(*(judge(ep) for ep in episodes)))
     finally:
         await judge.aclose()
-
-
-@pytest.fixture(scope="module")
-def server_instance() -> Iterator[OpenAITestServer]:
-    server = OpenAITestServer().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def server(server_instance: OpenAITestServer) -> OpenAITestServer:
-    server_instance.reset()
-    return server_instance
 
 
 # ------------------------------------------------------------------------------------------------
@@ -273,8 +123,8 @@ def test_prompt_rendering_and_template_validation() -> None:
 # ------------------------------------------------------------------------------------------------
 
 
-def test_scores_right_and_wrong_answers(server: OpenAITestServer) -> None:
-    judge = JudgeReward(server.url, "judge-1", max_tokens=16)
+def test_scores_right_and_wrong_answers(openai_server: OpenAITestServer) -> None:
+    judge = JudgeReward(openai_server.url, "judge-1", max_tokens=16)
     episodes = [
         episode("Who founded Pilatra Works?", "movo rebon", ["Movo Rebon", "Rebon"]),
         episode("Who founded Pilatra Works?", "Tarin Vosk", ["Movo Rebon"]),
@@ -285,36 +135,36 @@ def test_scores_right_and_wrong_answers(server: OpenAITestServer) -> None:
                      "judge_error": None, "judge_error_kind": None}  # fmt: skip
     assert (wrong["reward"], wrong["judge_score"], wrong["judge_fallback"]) == (0.0, 0.0, False)
     assert (missing["reward"], missing["judge_fallback"]) == (0.0, False)
-    assert server.requests == 2
-    body = server.bodies[0]
+    assert openai_server.requests == 2
+    body = openai_server.bodies[0]
     assert (body["model"], body["max_tokens"], body["temperature"]) == ("judge-1", 16, 0.0)
     assert "Candidate answer: movo rebon" in body["messages"][-1]["content"]
 
 
-def test_yes_no_judge_and_a_plain_text_final_answer(server: OpenAITestServer) -> None:
-    judge = JudgeReward(server.url, "judge-1", score_parser="yes_no", system_prompt="You are strict.")
+def test_yes_no_judge_and_a_plain_text_final_answer(openai_server: OpenAITestServer) -> None:
+    judge = JudgeReward(openai_server.url, "judge-1", score_parser="yes_no", system_prompt="You are strict.")
     plain = episode("Capital of Zorvia?", None, ["Leidax"])
     plain.final_response = "Leidax"  # answered without <answer> tags: the response is the answer
     results = asyncio.run(judge_all(judge, [plain, episode("Capital of Zorvia?", "Trutem", ["Leidax"])]))
     assert [(r["reward"], r["judge_raw"]) for r in results] == [(1.0, "yes"), (0.0, "no")]
-    assert server.bodies[0]["messages"][0] == {"role": "system", "content": "You are strict."}
+    assert openai_server.bodies[0]["messages"][0] == {"role": "system", "content": "You are strict."}
 
 
-def test_32_episodes_with_max_concurrency_16_keep_16_in_flight(server: OpenAITestServer) -> None:
-    server.delay_s = 0.3
-    judge = JudgeReward(server.url, "judge-1", max_concurrency=16)
+def test_32_episodes_with_max_concurrency_16_keep_16_in_flight(openai_server: OpenAITestServer) -> None:
+    openai_server.delay_s = 0.3
+    judge = JudgeReward(openai_server.url, "judge-1", max_concurrency=16)
     results = asyncio.run(judge_all(judge, [episode(f"q{i}", "a", "a") for i in range(32)]))
     assert [r["reward"] for r in results] == [1.0] * 32
-    assert server.requests == 32
-    assert server.peak_in_flight == 16
+    assert openai_server.requests == 32
+    assert openai_server.peak_in_flight == 16
 
 
-def test_transient_500s_are_retried(server: OpenAITestServer) -> None:
-    server.fail_first = 2
-    judge = JudgeReward(server.url, "judge-1", retries=2, backoff_s=0.01)
+def test_transient_500s_are_retried(openai_server: OpenAITestServer) -> None:
+    openai_server.fail_first = 2
+    judge = JudgeReward(openai_server.url, "judge-1", retries=2, backoff_s=0.01)
     [result] = asyncio.run(judge_all(judge, [episode("q", "a", "a")]))
     assert (result["reward"], result["judge_fallback"]) == (1.0, False)
-    assert server.requests == 3
+    assert openai_server.requests == 3
     assert judge.client.stats.retries == 2
 
 
@@ -330,27 +180,32 @@ def test_transient_500s_are_retried(server: OpenAITestServer) -> None:
     ],
 )
 def test_failures_become_flagged_fallbacks(
-    server: OpenAITestServer, model: str, timeout_s: float, kind: ChatErrorKind, requests: int, message: str
+    openai_server: OpenAITestServer,
+    model: str,
+    timeout_s: float,
+    kind: ChatErrorKind,
+    requests: int,
+    message: str,
 ) -> None:
     judge = JudgeReward(
-        server.url, model, retries=2, backoff_s=0.01, timeout_s=timeout_s, fallback_score=0.25
+        openai_server.url, model, retries=2, backoff_s=0.01, timeout_s=timeout_s, fallback_score=0.25
     )
     [result] = asyncio.run(judge_all(judge, [episode("q", "a", "a")]))
     assert (result["reward"], result["judge_score"], result["judge_fallback"]) == (0.25, None, True)
     assert result["judge_error_kind"] == kind.value
     assert result["judge_error"].startswith(kind.value) and message in result["judge_error"]
-    assert server.requests == requests
+    assert openai_server.requests == requests
 
 
-def test_unparsable_reply_and_a_raising_parser_fall_back(server: OpenAITestServer) -> None:
-    server.reply = "I would say it is mostly fine."
+def test_unparsable_reply_and_a_raising_parser_fall_back(openai_server: OpenAITestServer) -> None:
+    openai_server.reply = "I would say it is mostly fine."
     judges = [
-        JudgeReward(server.url, "judge-1", fallback_score=-1.0),
-        JudgeReward(server.url, "judge-1", fallback_score=-1.0, score_parser=lambda text: 1 / 0),
-        JudgeReward(server.url, "judge-1", score_parser=lambda text: 0.5 if "fine" in text else None),
+        JudgeReward(openai_server.url, "judge-1", fallback_score=-1.0),
+        JudgeReward(openai_server.url, "judge-1", fallback_score=-1.0, score_parser=lambda text: 1 / 0),
+        JudgeReward(openai_server.url, "judge-1", score_parser=lambda text: 0.5 if "fine" in text else None),
     ]
     tag, raising, custom = (asyncio.run(judge_all(j, [episode("q", "a", "a")]))[0] for j in judges)
-    assert (tag["reward"], tag["judge_fallback"], tag["judge_raw"]) == (-1.0, True, server.reply)
+    assert (tag["reward"], tag["judge_fallback"], tag["judge_raw"]) == (-1.0, True, openai_server.reply)
     assert tag["judge_error_kind"] == "unparsable"
     assert raising["judge_fallback"] and "ZeroDivisionError" in raising["judge_error"]
     assert (custom["reward"], custom["judge_fallback"]) == (0.5, False)
@@ -367,10 +222,10 @@ def test_unreachable_judge_falls_back_without_raising() -> None:
     assert judge.client.stats.attempts == 8 and judge.client.stats.failures == 4
 
 
-def test_one_session_per_event_loop_closed_with_its_loop(server: OpenAITestServer) -> None:
+def test_one_session_per_event_loop_closed_with_its_loop(openai_server: OpenAITestServer) -> None:
     from rlf_envs.runtime import LoopThread as EnvLoopThread  # closes like the envs' loops do
 
-    judge = JudgeReward(server.url, "judge-1")
+    judge = JudgeReward(openai_server.url, "judge-1")
     loops = [EnvLoopThread(), EnvLoopThread()]
     try:
         for loop in loops:
@@ -393,9 +248,9 @@ def test_one_session_per_event_loop_closed_with_its_loop(server: OpenAITestServe
     assert judge.client.open_sessions == 0
 
 
-def test_vector_env_scores_32_episodes_in_one_step(server: OpenAITestServer) -> None:
-    server.delay_s = 0.2
-    judge = JudgeReward(server.url, "judge-1", max_concurrency=16)
+def test_vector_env_scores_32_episodes_in_one_step(openai_server: OpenAITestServer) -> None:
+    openai_server.delay_s = 0.2
+    judge = JudgeReward(openai_server.url, "judge-1", max_concurrency=16)
     tasks = [{"question": f"What is the code word {i}?", "answer": f"word{i}"} for i in range(32)]
     envs = gym.make_vec("RLF/ToolUse-v0", num_envs=32, tasks=tasks, reward=judge, autoreset_mode="Disabled")
     try:
@@ -409,14 +264,14 @@ def test_vector_env_scores_32_episodes_in_one_step(server: OpenAITestServer) -> 
     assert terminated.all()
     assert rewards.tolist() == [1.0 if i % 2 == 0 else 0.0 for i in range(32)]
     assert not infos["reward_info"]["judge_fallback"].any()  # vector infos: one array per key
-    assert server.requests == 32 and server.peak_in_flight == 16
+    assert openai_server.requests == 32 and openai_server.peak_in_flight == 16
     assert judge.client.open_sessions == 0  # closed with the env's loop
 
 
-def test_deepsearch_judge_mode(server: OpenAITestServer) -> None:
+def test_deepsearch_judge_mode(openai_server: OpenAITestServer) -> None:
 
     env = gym.make(
-        "RLF/DeepSearch-v0", reward="judge", judge_url=server.url, judge_model="judge-1", split="test"
+        "RLF/DeepSearch-v0", reward="judge", judge_url=openai_server.url, judge_model="judge-1", split="test"
     )
     try:
         env.reset(seed=0, options={"task_index": 0})
@@ -430,7 +285,7 @@ def test_deepsearch_judge_mode(server: OpenAITestServer) -> None:
         assert reward == 0.0
     finally:
         env.close()
-    assert server.requests == 2
+    assert openai_server.requests == 2
 
 
 # ------------------------------------------------------------------------------------------------
@@ -438,22 +293,8 @@ def test_deepsearch_judge_mode(server: OpenAITestServer) -> None:
 # ------------------------------------------------------------------------------------------------
 
 
-def tiny_model_path() -> Path:
-    """The tiny Qwen3 of the trainer tests, built once into a shared folder and reused by later runs."""
-    pytest.importorskip("transformers")
-    from tests.trainer_fixtures import build_tiny_model
-
-    root = Path(os.environ.get("RLF_TEST_MODELS_DIR", Path(tempfile.gettempdir()) / "rlf-test-models"))
-    return build_tiny_model(root)
-
-
-@pytest.fixture(scope="module")
-def tiny_dir() -> Path:
-    return tiny_model_path()
-
-
-def test_16_judge_calls_on_rlf_serve_are_batched_and_parsed(tiny_dir: Path) -> None:
-    with rlf_serve(tiny_dir, "--batch-wait-ms", "2000", "--max-batch", "16") as (url, _):
+def test_16_judge_calls_on_rlf_serve_are_batched_and_parsed(shared_tiny_model_dir: Path) -> None:
+    with rlf_serve(shared_tiny_model_dir, "--batch-wait-ms", "2000", "--max-batch", "16") as (url, _):
         judge = JudgeReward(url, "tiny", max_tokens=8, max_concurrency=16)
         results = asyncio.run(
             judge_all(judge, [episode(f"Question {i}?", f"answer {i}", "gold") for i in range(16)])
@@ -467,8 +308,8 @@ def test_16_judge_calls_on_rlf_serve_are_batched_and_parsed(tiny_dir: Path) -> N
     assert stats["largest_batch"] > 1 and stats["batches"] < 16
 
 
-def test_rlf_serve_stopped_mid_batch_gives_flagged_fallbacks(tiny_dir: Path) -> None:
-    with rlf_serve(tiny_dir, "--batch-wait-ms", "1000", "--max-batch", "16") as (url, process):
+def test_rlf_serve_stopped_mid_batch_gives_flagged_fallbacks(shared_tiny_model_dir: Path) -> None:
+    with rlf_serve(shared_tiny_model_dir, "--batch-wait-ms", "1000", "--max-batch", "16") as (url, process):
         judge = JudgeReward(url, "tiny", max_tokens=3000, temperature=1.0, retries=1, backoff_s=0.05,
                             timeout_s=120, fallback_score=0.25)  # fmt: skip
 
@@ -496,8 +337,8 @@ def test_rlf_serve_stopped_mid_batch_gives_flagged_fallbacks(tiny_dir: Path) -> 
     assert judge.client.stats.attempts == 32  # every call retried once, against a dead port
 
 
-def test_judge_info_is_json_serialisable(server: OpenAITestServer) -> None:
+def test_judge_info_is_json_serialisable(openai_server: OpenAITestServer) -> None:
     [result] = asyncio.run(
-        judge_all(JudgeReward(server.url, "fail-500", retries=0), [episode("q", "a", "a")])
+        judge_all(JudgeReward(openai_server.url, "fail-500", retries=0), [episode("q", "a", "a")])
     )
     assert json.loads(json.dumps(result)) == result

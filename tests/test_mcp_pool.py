@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import sys
 from typing import Any
@@ -12,10 +13,12 @@ from typing import Any
 import mcp_types
 import pytest
 
+from rlf_envs.tools import mcp_replica
 from rlf_envs.tools.mcp_config import MCPConfigError, load_mcp_config
 from rlf_envs.tools.mcp_pool import MCPServerStartError, MCPToolPool, result_text
-from rlf_envs.tools.types import ErrorKind, ToolCall, ToolProvider, ToolResult
-from tests.mcp_fixtures.helpers import (
+from rlf_envs.tools.mcp_replica import MCPReplica, ReplicaState
+from rlf_envs.types import ErrorKind, ToolCall, ToolProvider, ToolResult
+from tests.helpers import (
     FAULTY_SERVER,
     LoopThread,
     faulty_server,
@@ -310,6 +313,148 @@ def test_http_server_death_fails_calls_and_the_pool_reconnects() -> None:
 
 async def _value_is(pool: MCPToolPool, name: str, expected: Any) -> bool:
     return await value(pool, name) == expected
+
+
+# -- one replica's state machine, as its module docstring documents it ---------------------------
+
+# "FROM -> TO" at the start of a row of the transition table in mcp_replica's docstring.
+DOCUMENTED_TRANSITIONS = set(
+    re.findall(r"^(\(new\)|any|[A-Z]+) -> ([A-Z]+)\s", mcp_replica.__doc__ or "", re.M)
+)
+CONNECTING, READY, FAILED, CLOSED = (
+    ReplicaState.CONNECTING,
+    ReplicaState.READY,
+    ReplicaState.FAILED,
+    ReplicaState.CLOSED,
+)
+
+
+def replica_of(server: dict[str, Any]) -> MCPReplica:
+    [config] = load_mcp_config({"s": server})
+    return MCPReplica(config, index=0, timeout_s=60.0)
+
+
+class StateLog:
+    """The states one replica passes through, from the one it has now; a repeated state counts once."""
+
+    def __init__(self, replica: MCPReplica) -> None:
+        self.replica = replica
+        self.states = [replica.state]
+        self._follower = asyncio.get_running_loop().create_task(self._follow())
+
+    async def _follow(self) -> None:
+        while self.states[-1] is not CLOSED:
+            await self.replica.wait_state_change()
+            if self.replica.state is not self.states[-1]:
+                self.states.append(self.replica.state)
+
+    async def until(self, state: ReplicaState, *, times: int = 1) -> None:
+        while self.states.count(state) < times:
+            await self.replica.wait_state_change()
+            await asyncio.sleep(0)  # let the follower record the transition first
+
+    async def closed(self) -> list[ReplicaState]:
+        await self._follower
+        return self.states
+
+
+def assert_documented(states: list[ReplicaState]) -> None:
+    assert states[0] is CONNECTING and ("(new)", "CONNECTING") in DOCUMENTED_TRANSITIONS
+    for before, after in zip(states, states[1:], strict=False):
+        assert {(before.name, after.name), ("any", after.name)} & DOCUMENTED_TRANSITIONS, (before, after)
+
+
+async def replica_value(replica: MCPReplica, name: str, **arguments: Any) -> Any:
+    result = await replica.call(ToolCall(name, arguments))
+    assert result.ok, result.text
+    return result.structured["result"]
+
+
+async def replica_in_flight_is(replica: MCPReplica, expected: int) -> bool:
+    return await replica_value(replica, "in_flight") == expected
+
+
+def test_replica_docstring_tables_every_transition_into_every_state() -> None:
+    assert {after for _, after in DOCUMENTED_TRANSITIONS} == {state.name for state in ReplicaState}
+    assert sorted(DOCUMENTED_TRANSITIONS) == [
+        ("(new)", "CONNECTING"),
+        ("CONNECTING", "FAILED"),
+        ("CONNECTING", "READY"),
+        ("FAILED", "CONNECTING"),
+        ("READY", "CONNECTING"),
+        ("any", "CLOSED"),
+    ]
+
+
+def test_replica_killed_mid_call_cuts_its_calls_restarts_and_stop_is_final() -> None:
+    async def scenario() -> None:
+        replica = replica_of(faulty_server())
+        log = StateLog(replica)
+        replica.start()
+        assert await replica.wait_started() is None and replica.state is READY
+        old_pid = await replica_value(replica, "pid")
+        in_flight = [
+            asyncio.create_task(replica.call(ToolCall("echo", {"text": "x", "delay_s": 30})))
+            for _ in range(3)
+        ]
+        await wait_until(lambda: replica_in_flight_is(replica, 3))
+
+        # READY -> CONNECTING: the process dies, its in-flight calls are cut as server_died ...
+        os.kill(old_pid, signal.SIGKILL)
+        results = await asyncio.gather(*in_flight)
+        assert {r.error_kind for r in results} == {ErrorKind.SERVER_DIED}, [r.text for r in results]
+        assert all("'s'" in r.text for r in results)
+        # ... and CONNECTING -> READY: the restart begins at once, the next call works.
+        await log.until(READY, times=2)
+        new_pid = await replica_value(replica, "pid")
+        assert new_pid != old_pid and not pid_alive(old_pid)
+        assert (await replica.call(ToolCall("echo", {"text": "back"}))).text == "back"
+        assert (replica.restarts, replica.restart_failures) == (1, 0)
+
+        # any -> CLOSED: stop() cuts the in-flight call as server_unavailable and never restarts.
+        hanging = asyncio.create_task(replica.call(ToolCall("hang", {})))
+        await wait_until(lambda: replica_in_flight_is(replica, 1))
+        await replica.stop()
+        stopped = await hanging
+        assert stopped.error_kind is ErrorKind.SERVER_UNAVAILABLE and "was stopped" in stopped.text
+        later = await replica.call(ToolCall("echo", {"text": "x"}))
+        assert later.error_kind is ErrorKind.SERVER_UNAVAILABLE and "is stopped" in later.text
+        assert not pid_alive(new_pid) and replica.restarts == 1
+        states = await log.closed()
+        assert states == [CONNECTING, READY, CONNECTING, READY, CLOSED]
+        assert_documented(states)
+
+    run(scenario())
+
+
+def test_replica_that_cannot_restart_fails_and_retries_only_when_a_call_asks(tmp_path: Any) -> None:
+    async def scenario() -> None:
+        replica = replica_of(tiny_server("", "--start-once", str(tmp_path / "started")))
+        log = StateLog(replica)
+        replica.start()
+        assert await replica.wait_started() is None
+
+        # READY -> CONNECTING -> FAILED: the process dies and the restart attempt fails.
+        os.kill(int((await replica.call(ToolCall("pid", {}))).text), signal.SIGKILL)
+        await log.until(FAILED)
+        assert (replica.restarts, replica.restart_failures) == (0, 1)
+        # FAILED -> CONNECTING -> FAILED: calls get server_unavailable (with the server's stderr);
+        # the first call past the backoff has the supervisor try again.
+        while replica.restart_failures < 2:
+            result = await replica.call(ToolCall("echo", {"text": "x"}))
+            assert result.error_kind is ErrorKind.SERVER_UNAVAILABLE, result.text
+            assert "could not be restarted" in result.text and "refusing to restart" in result.text
+            await asyncio.sleep(0.05)
+        assert replica.state is FAILED and replica.restarts == 0
+
+        await replica.stop()
+        states = await log.closed()
+        attempts = len(states[4:-1]) // 2
+        assert states == [CONNECTING, READY, CONNECTING, FAILED, *[CONNECTING, FAILED] * attempts, CLOSED]
+        assert attempts == replica.restart_failures - 1 >= 1
+        assert_documented(states)
+
+    run(scenario())
 
 
 # -- replicas, cache, start and stop --------------------------------------------------------------

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlf_envs.tools.parsers import TagJSONParser, get_parser, register_parser
-from rlf_envs.tools.types import ErrorKind
+from rlf_envs.types import ErrorKind
 
 
 def test_several_calls_in_one_turn_keep_order_and_prose():

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from rlf_envs.bench.env_bench import BenchSettings
-from rlf_envs.bench.peers import (
+from rlf_bench.env_bench import BenchSettings
+from rlf_bench.peers import (
     DEFAULT_VENVS_DIR,
     OURS,
     OURS_ASYNC,
@@ -26,8 +26,8 @@ from rlf_envs.bench.peers import (
     run_peer,
     run_peer_driver,
 )
-from rlf_envs.bench.plot import plot_compare, series
-from tests.mcp_fixtures.helpers import free_port, http_server, pid_alive
+from rlf_bench.plot import plot_compare, series
+from tests.helpers import free_port, http_server, pid_alive
 
 SMALL = BenchSettings(num_envs=4, latency_ms=20, steps=2, sequential_calls=4)
 

@@ -1,7 +1,9 @@
 """The python sandbox MCP server as a real subprocess (streamable HTTP and stdio), and its runner.
 
 Every escape or abuse attempt must come back as a result that shows it was denied or stopped,
-and the same server must answer a normal call right after it.
+and the same server must answer a normal call right after it. The server tests run twice: with
+``--isolation auto`` (bubblewrap where it works) and ``--isolation guards`` (the fallback), so the
+in-process guards are checked on their own too; tests/test_sandbox_escapes.py attacks bwrap itself.
 """
 
 from __future__ import annotations
@@ -15,29 +17,37 @@ from typing import Any
 import pytest
 from mcp import Client, StdioServerParameters
 
-from rlf_envs.servers.sandbox import (
+from rlf_envs.isolation import probe_bubblewrap
+from rlf_envs.tasks.python_tool.sandbox import (
     Outcome,
     PythonSandbox,
     SandboxConfigError,
     SandboxInputError,
     SandboxLimits,
 )
-from tests.mcp_fixtures.helpers import free_port, http_server
+from tests.helpers import free_port, http_server
 
 REPO = Path(__file__).resolve().parent.parent
-SERVER = [sys.executable, "-m", "rlf_envs.servers.python_sandbox"]
+SERVER = [sys.executable, "-m", "rlf_envs.tasks.python_tool.server"]
 # small limits keep the abuse cases fast; wall_s leaves a loaded machine room to hit the CPU limit first
 SERVER_LIMITS = ["--cpu-s", "1", "--wall-s", "8", "--memory-mb", "256", "--output-chars", "2000"]
 NORMAL_CODE = "print(48213 * 379)"
 NORMAL_OUTPUT = "18272727"
 
 
-@pytest.fixture(scope="module")
-def server() -> Any:
-    """One sandbox server over streamable HTTP for the module: ``(url, port, pid)``."""
+AUTO_MODE = "bwrap" if probe_bubblewrap().bubblewrap is not None else "guards"
+
+
+@pytest.fixture(scope="module", params=["auto", "guards"])
+def server(request: pytest.FixtureRequest) -> Any:
+    """One sandbox server over streamable HTTP per isolation setting: ``(url, port, pid)``."""
     port = free_port()
-    with http_server([*SERVER, *SERVER_LIMITS, "--stats-tool"], port) as process:
-        yield f"http://127.0.0.1:{port}/mcp", port, process.pid
+    argv = [*SERVER, *SERVER_LIMITS, "--stats-tool", "--isolation", request.param]
+    with http_server(argv, port) as process:
+        url = f"http://127.0.0.1:{port}/mcp"
+        expected = AUTO_MODE if request.param == "auto" else "guards"
+        assert stats_of(url)["isolation"] == expected  # auto means bwrap wherever bwrap works
+        yield url, port, process.pid
 
 
 def call_all(target: Any, *codes: str) -> list[Any]:
@@ -252,7 +262,7 @@ def test_bad_input_is_a_tool_error(server: Any) -> None:
 def stdio_params(*args: str) -> StdioServerParameters:
     return StdioServerParameters(
         command=sys.executable,
-        args=["-m", "rlf_envs.servers.python_sandbox", *args],
+        args=["-m", "rlf_envs.tasks.python_tool.server", *args],
         env={"PYTHONPATH": str(REPO)},
         cwd=str(REPO),
     )

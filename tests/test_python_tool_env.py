@@ -14,9 +14,10 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import rlf_envs  # noqa: F401  (registers the ids)
-from rlf_envs.servers.sandbox import PythonSandbox, SandboxLimits
+from rlf_envs.isolation import probe_bubblewrap
 from rlf_envs.tasks.python_tool import WORD_TEMPLATES, PythonToolTask, generate_problems
-from tests.mcp_fixtures.helpers import free_port, http_server
+from rlf_envs.tasks.python_tool.sandbox import PythonSandbox, SandboxLimits
+from tests.helpers import free_port, http_server
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +25,7 @@ def sandbox_servers() -> Iterator[dict]:
     """One sandbox server over streamable HTTP, shared by the env tests (the default stdio
     server is what check_env starts); an ``mcp_servers`` config pointing at it."""
     port = free_port()
-    with http_server([sys.executable, "-m", "rlf_envs.servers.python_sandbox"], port):
+    with http_server([sys.executable, "-m", "rlf_envs.tasks.python_tool.server"], port):
         yield {"mcpServers": {"python": {"url": f"http://127.0.0.1:{port}/mcp"}}}
 
 
@@ -110,6 +111,32 @@ def test_vector_agents_right_and_wrong_and_abuse_in_the_same_step(sandbox_server
     envs.close()
 
 
+def test_reset_info_says_how_run_python_is_isolated(sandbox_servers: dict) -> None:
+    expected = "bwrap" if probe_bubblewrap().bubblewrap is not None else "guards"
+    env = gym.make("RLF/PythonTool-v0", max_turns=2)  # auto: bwrap wherever it works
+    task = env.unwrapped.task
+    args = task.mcp_config()["mcpServers"]["python"]["args"]
+    assert task.isolation.value == expected and args[args.index("--isolation") + 1] == expected
+    _, info = env.reset(seed=0)
+    assert info["sandbox"]["isolation"] == expected
+    obs, *_ = env.step(run_python("print(6 * 7)"))
+    assert printed_number(obs) == "42"
+    env.close()
+    # a server the caller passed is not the task's: the env claims nothing about it
+    remote = gym.make("RLF/PythonTool-v0", mcp_servers=sandbox_servers)
+    assert "sandbox" not in remote.reset(seed=0)[1]
+    remote.close()
+
+
+def test_forced_guards_mode_in_a_vector_env() -> None:
+    envs = gym.make_vec("RLF/PythonTool-v0", num_envs=2, isolation="guards", max_turns=2)
+    _, infos = envs.reset(seed=0)
+    assert list(infos["sandbox"]["isolation"]) == ["guards", "guards"]  # nested dicts batch per key
+    obs, *_ = envs.step([run_python("print(6 * 7)")] * 2)
+    assert [printed_number(o) for o in obs] == ["42", "42"]
+    envs.close()
+
+
 def test_problems_are_deterministic_and_splits_disjoint() -> None:
     first = PythonToolTask(seed=3, kind="mixed", num_train=200, num_test=50)
     again = PythonToolTask(seed=3, kind="mixed", num_train=50, num_test=50)
@@ -148,7 +175,7 @@ def test_every_template_solution_program_prints_its_answer_in_the_sandbox() -> N
 def test_new_modules_never_import_torch() -> None:
     code = (
         "import sys\n"
-        "import rlf_envs.tasks.python_tool.task, rlf_envs.servers.python_sandbox\n"
+        "import rlf_envs.tasks.python_tool.task, rlf_envs.tasks.python_tool.server\n"
         "print(sorted(m for m in ('torch', 'transformers', 'vllm', 'rlf_trainer') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout

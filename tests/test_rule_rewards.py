@@ -16,7 +16,7 @@ from rlf_envs.rewards.rules import (
     math_equal,
     normalize_answer,
 )
-from rlf_envs.tasks.base import Episode, TaskInstance
+from rlf_envs.types import Episode, TaskInstance
 
 
 def make_episode(answer: object, *, final_answer: str | None = None, final_response: str = "") -> Episode:

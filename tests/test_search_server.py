@@ -10,19 +10,14 @@ from pathlib import Path
 import pytest
 from mcp import Client, StdioServerParameters
 
-from rlf_envs.servers import search as search_server
+from rlf_envs.tasks.deepsearch import server as search_server
 from rlf_envs.tasks.deepsearch.index import ensure_world_index
 from rlf_envs.tasks.deepsearch.task import DeepSearchTask
-from rlf_envs.tasks.deepsearch.world import World, generate_world
-from tests.mcp_fixtures.helpers import free_port, http_server
+from rlf_envs.tasks.deepsearch.world import World
+from tests.helpers import free_port, http_server
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SERVER = [sys.executable, "-m", "rlf_envs.servers.search"]
-
-
-@pytest.fixture(scope="module")
-def world() -> World:
-    return generate_world(0)
+SERVER = [sys.executable, "-m", "rlf_envs.tasks.deepsearch.server"]
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +28,7 @@ def index_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def stdio_params(*args: str) -> StdioServerParameters:
     return StdioServerParameters(
         command=sys.executable,
-        args=["-m", "rlf_envs.servers.search", *args],
+        args=["-m", "rlf_envs.tasks.deepsearch.server", *args],
         env={"PYTHONPATH": str(REPO_ROOT)},
         cwd=str(REPO_ROOT),
     )

@@ -6,13 +6,14 @@ import asyncio
 import importlib.util
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
-from rlf_trainer.serve import RequestError, apply_stop_strings, parse_chat_request
-from tests.test_judge import rlf_serve, tiny_model_path
+from rlf_serve.protocol import RequestError, apply_stop_strings, parse_chat_request
+from tests.helpers import rlf_serve
 
 USER = [{"role": "user", "content": "Tell me about the river."}]
 
@@ -30,7 +31,7 @@ NO_VLLM = importlib.util.find_spec("vllm") is None
         ),
     ],
 )
-def root(request: pytest.FixtureRequest) -> Iterator[str]:
+def root(request: pytest.FixtureRequest, shared_tiny_model_dir: Path) -> Iterator[str]:
     """The server's root URL (no /v1); at most 16 requests a batch, batches wait up to 1 s.
 
     The long wait keeps a burst of concurrent requests in one batch even on a busy machine; a batch
@@ -39,7 +40,8 @@ def root(request: pytest.FixtureRequest) -> Iterator[str]:
     """
     backend = ("--backend", "vllm", "--dtype", "float32") if request.param == "vllm" else ()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    with rlf_serve(tiny_model_path(), "--batch-wait-ms", "1000", "--max-batch", "16", *backend) as (url, _):
+    batching = ("--batch-wait-ms", "1000", "--max-batch", "16")
+    with rlf_serve(shared_tiny_model_dir, *batching, *backend) as (url, _):
         yield url.removesuffix("/v1")
 
 

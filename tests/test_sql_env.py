@@ -14,6 +14,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import rlf_envs  # noqa: F401
+from rlf_envs.isolation import IsolationUnavailableError, probe_bubblewrap
 from rlf_envs.tasks.sql import (
     ForbiddenQueryError,
     QueryError,
@@ -27,7 +28,7 @@ from rlf_envs.tasks.sql import (
     results_match,
 )
 from rlf_envs.tasks.sql.data import database_path
-from tests.mcp_fixtures.helpers import free_port, http_server
+from tests.helpers import free_port, http_server
 
 
 def call(name, **arguments):
@@ -188,7 +189,7 @@ def test_equivalent_queries_score_and_different_ones_do_not(task, env):
 
 def _episode(instance, final_response):
     from rlf_envs.rewards.rules import extract_answer
-    from rlf_envs.tasks.base import Episode
+    from rlf_envs.types import Episode
 
     return Episode(instance, [], final_response, extract_answer(final_response), [], 1, True, False)
 
@@ -258,7 +259,7 @@ def test_single_statement_check_reads_sql_like_sqlite():
 
 def test_server_over_http_shows_row_limit_and_describes_tables(task):
     port = free_port()
-    argv = [sys.executable, "-m", "rlf_envs.servers.sqlite", "--db", str(task.db_path), "--max-rows", "5"]
+    argv = [sys.executable, "-m", "rlf_envs.tasks.sql.server", "--db", str(task.db_path), "--max-rows", "5"]
     with http_server(argv, port):
         servers = {"mcpServers": {"sqlite": {"url": f"http://127.0.0.1:{port}/mcp"}}}
         env = gym.make("RLF/SQL-v0", mcp_servers=servers)
@@ -328,9 +329,47 @@ def test_real_data_questions_over_your_own_database(tmp_path):
     assert rewards == {1.0: 2, 0.0: 1}
 
 
+def _sqlite_servers_under_bwrap():
+    """Host pids of sqlite servers whose parent is bwrap."""
+    pids = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            parent = (proc / "stat").read_text().rsplit(")", 1)[1].split()[1]
+            parent_name = Path(f"/proc/{parent}/comm").read_text().strip()
+        except OSError:
+            continue
+        if b"rlf_envs.tasks.sql.server" in cmdline and parent_name == "bwrap":
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.mark.skipif(probe_bubblewrap().bubblewrap is None, reason="bubblewrap is not usable here")
+def test_sqlite_server_runs_under_bwrap_and_sees_only_what_it_needs(env, task):
+    _, info = env.reset(seed=0)
+    assert info["sandbox"]["isolation"] == "bwrap" and env.unwrapped.task.isolation.value == "bwrap"
+    repo = Path(__file__).resolve().parent.parent
+    pids = _sqlite_servers_under_bwrap()
+    assert pids, "no sqlite server running under bwrap"
+    for pid in pids:  # /proc/PID/root is the server's own view of the file system
+        root = Path(f"/proc/{pid}/root")
+        assert (root / str(task.db_path.resolve()).lstrip("/")).is_file()
+        assert (root / str(repo / "rlf_envs" / "__init__.py").lstrip("/")).is_file()
+        for hidden in (repo / "README.md", repo / "tests", Path("/etc/passwd")):
+            assert not (root / str(hidden).lstrip("/")).exists(), hidden
+
+
+def test_sqlite_isolation_can_be_forced_off_and_demanding_a_missing_bwrap_fails():
+    plain = SQLTask(seed=0, isolation="guards")
+    assert plain.env_info() == {"sandbox": {"isolation": "guards"}}
+    assert plain.mcp_config()["mcpServers"]["sqlite"]["command"] == sys.executable
+    with pytest.raises(IsolationUnavailableError, match="apt-get install bubblewrap"):
+        SQLTask(seed=0, isolation="bwrap", bwrap_path="/nonexistent/bwrap")
+
+
 def test_sql_modules_never_import_torch():
     code = (
-        "import sys, rlf_envs.tasks.sql.task, rlf_envs.servers.sqlite\n"
+        "import sys, rlf_envs.tasks.sql.task, rlf_envs.tasks.sql.server\n"
         "print(sorted(m for m in ('torch', 'transformers', 'vllm', 'rlf_trainer') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout

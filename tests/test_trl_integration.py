@@ -24,8 +24,7 @@ from rlf_envs.integrations.trl_environment import (  # noqa: E402
     prepare_tokenizer,
     rlf_env_reward,
 )
-from tests.mcp_fixtures.helpers import tiny_server  # noqa: E402
-from tests.trainer_fixtures import tiny_model_dir  # noqa: E402,F401
+from tests.helpers import tiny_server  # noqa: E402
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
@@ -185,7 +184,7 @@ def test_trl_tool_loop_calls_run_in_our_env(tiny_model_dir, tmp_path):  # noqa: 
 def test_rlf_bench_train_runs_both_trainers_on_one_shape(tmp_path, capsys):
     import torch
 
-    from rlf_trainer.bench import main
+    from rlf_bench.train_bench import main
 
     threads = torch.get_num_threads()
     try:

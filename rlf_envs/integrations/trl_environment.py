@@ -18,15 +18,17 @@ and :func:`env_dataset` import ``transformers``/``trl``/``datasets`` when called
 ``examples/third_party/trl_grpo.py`` is a runnable script built on it.
 
 Example:
-    >>> from trl import GRPOTrainer                                                   # doctest: +SKIP
-    >>> from rlf_envs.integrations.trl_environment import (                        # doctest: +SKIP
+    >>> from trl import GRPOTrainer
+    >>> from rlf_envs.integrations.trl_environment import (
     ...     cpu_grpo_config, env_dataset, make_trl_environment, prepare_tokenizer, rlf_env_reward)
-    >>> Env = make_trl_environment("RLF/DeepSearch-v0", capacity=8, max_turns=3)      # doctest: +SKIP
-    >>> trainer = GRPOTrainer(model=path, reward_funcs=[rlf_env_reward],
+    >>> Env = make_trl_environment("RLF/Codebook-v0", capacity=8, max_turns=3)
+    >>> trainer = GRPOTrainer(model=path, reward_funcs=[rlf_env_reward],  # a model folder at path
     ...                       args=cpu_grpo_config("out", prompts=2, generations=4, max_turns=3),
-    ...                       train_dataset=env_dataset("RLF/DeepSearch-v0", 16, max_turns=3),
+    ...                       train_dataset=env_dataset("RLF/Codebook-v0", 16, max_turns=3),
     ...                       processing_class=prepare_tokenizer(path),
     ...                       environment_factory=Env)                                # doctest: +SKIP
+    >>> trainer.train()                                                               # doctest: +SKIP
+    >>> Env.close()
 """
 
 from __future__ import annotations
@@ -172,9 +174,13 @@ def make_trl_environment(env_id: str, capacity: int, **env_kwargs: Any) -> type:
     options: ``max_turns``, ``mcp_servers``, ``tasks``, ``reward``, ...). Close it with ``cls.close()``.
 
     Example:
-        >>> Env = make_trl_environment("RLF/DeepSearch-v0", capacity=8, max_turns=3)  # doctest: +SKIP
-        >>> [m for m in vars(Env) if not m.startswith("_")]                           # doctest: +SKIP
-        ['search', 'reset', 'close']
+        >>> import inspect
+        >>> Env = make_trl_environment("RLF/Codebook-v0", capacity=8, max_turns=3)
+        >>> [m for m in vars(Env) if not m.startswith("_")]   # one method per tool of the env
+        ['lookup']
+        >>> inspect.signature(Env.lookup)   # the tool's schema as keyword arguments (plus reset and close)
+        <Signature (self, *, word: str) -> str>
+        >>> Env.close()
     """
     vec = gym.make_vec(env_id, num_envs=capacity, autoreset_mode="Disabled", **env_kwargs)
     tools: list[dict[str, Any]] = list(vec.unwrapped.tools)
@@ -273,9 +279,9 @@ def cpu_grpo_config(
     ``overrides`` go to ``GRPOConfig`` last (``generation_kwargs``, ``loss_type``, ``use_cpu=False``...).
 
     Example:
-        >>> config = cpu_grpo_config("/tmp/trl", prompts=2, generations=4, max_turns=3)  # doctest: +SKIP
-        >>> config.per_device_train_batch_size, config.max_tool_calling_iterations       # doctest: +SKIP
-        (8, 2)
+        >>> config = cpu_grpo_config("/tmp/trl", prompts=2, generations=4, max_turns=3)  # writes nothing yet
+        >>> config.per_device_train_batch_size, config.max_tool_calling_iterations, config.use_cpu
+        (8, 2, True)
     """
     if max_turns < 1:
         raise ValueError(f"max_turns must be at least 1, got {max_turns}")

@@ -23,7 +23,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 
-from rlf_envs.tasks.base import Episode
+from rlf_envs.answers import extract_answer
+from rlf_envs.types import Episode
 
 Golds = str | Sequence[str]
 EpisodeReward = Callable[[Episode], dict[str, float]]
@@ -110,23 +111,6 @@ def contains_match(pred: str | None, golds: Golds | None) -> float:
         if norm_gold and f" {norm_gold} " in padded_pred:
             return 1.0
     return 0.0
-
-
-def extract_answer(text: str | None, tag: str = "answer") -> str | None:
-    """The stripped content of the LAST complete ``<tag>...</tag>`` block, or None.
-
-    Example:
-        >>> extract_answer("<think>..</think><answer> 42 </answer>")
-        '42'
-        >>> extract_answer("no tags here") is None
-        True
-    """
-    if not text:
-        return None
-    matches = re.findall(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", text, flags=re.DOTALL)
-    if not matches:
-        return None
-    return matches[-1].strip()
 
 
 # --- numbers -----------------------------------------------------------------------------------

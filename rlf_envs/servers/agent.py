@@ -26,14 +26,13 @@ import inspect
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
-from rlf_envs.rewards.judge import ChatCompletionError, ChatErrorKind, OpenAIChatClient
-from rlf_envs.servers._runner import add_transport_args, run_server
+from rlf_envs.llm_client import ChatCompletionError, ChatErrorKind, OpenAIChatClient
+from rlf_envs.servers.launch import add_transport_args, run_server, stdio_server_entry
 
 BACKOFF_S = 0.5  # wait before the first retry; doubles each retry
 DEFAULT_TOOL_NAME = "ask_expert"
@@ -68,8 +67,12 @@ def build_server(
     """An MCP server with one tool ``tool_name(arg_name: str) -> str`` answered by ``client``'s model.
 
     Example:
-        >>> client = OpenAIChatClient("http://127.0.0.1:8000/v1", "tiny", timeout_s=60)  # doctest: +SKIP
-        >>> build_server(client, tool_name="summarize", arg_name="text").run("stdio")       # doctest: +SKIP
+        >>> import asyncio
+        >>> client = OpenAIChatClient("http://127.0.0.1:8000/v1", "tiny", timeout_s=60)
+        >>> server = build_server(client, tool_name="summarize", arg_name="text")
+        >>> [(tool.name, tool.input_schema["required"]) for tool in asyncio.run(server.list_tools())]
+        [('summarize', ['text'])]
+        >>> server.run("stdio")  # serves stdin until it closes  # doctest: +SKIP
     """
     _check_identifier(tool_name, "the tool name")
     _check_identifier(arg_name, "the argument name")
@@ -136,7 +139,7 @@ def agent_server_config(
     """
     _check_identifier(name, "the tool name")
     _check_identifier(arg_name, "the argument name")
-    args = ["-m", "rlf_envs.servers.agent", "--base-url", base_url, "--model", model, "--name", name,
+    args = ["--base-url", base_url, "--model", model, "--name", name,
             "--arg-name", arg_name, "--max-tokens", str(max_tokens), "--temperature", str(temperature),
             "--timeout-s", str(timeout_s), "--retries", str(retries), "--max-concurrency", str(max_concurrency)]  # fmt: skip
     if seed is not None:
@@ -145,19 +148,15 @@ def agent_server_config(
         args += ["--description", description]
     if system_prompt is not None:
         args += ["--system-prompt", system_prompt]
-    # the server imports rlf_envs: point it at this checkout in case the package is not installed
-    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env: dict[str, str] = {}
     if api_key_env is not None:
         args += ["--api-key-env", api_key_env]
         if api_key_env in os.environ:
             env[api_key_env] = os.environ[api_key_env]
     backoff_total = sum(BACKOFF_S * 2**k for k in range(retries))
-    return {
-        "command": sys.executable,
-        "args": args,
-        "env": env,
-        "timeout_s": timeout_s * (retries + 1) + backoff_total + 5.0,
-    }
+    return stdio_server_entry(
+        "rlf_envs.servers.agent", args, env=env, timeout_s=timeout_s * (retries + 1) + backoff_total + 5.0
+    )
 
 
 def _parser() -> argparse.ArgumentParser:

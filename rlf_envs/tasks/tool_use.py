@@ -18,7 +18,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlf_envs.tasks.base import FunctionTask, RewardFn, TaskInstance
+from rlf_envs.task import FunctionTask
+from rlf_envs.types import RewardFn, TaskInstance
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant that can call tools. Think step by step, call tools when they help, "
@@ -80,8 +81,13 @@ def make_tool_use_task(
     system_prompt: str = DEFAULT_SYSTEM_PROMPT,
     max_turns: int = 4,
     name: str = "tool_use",
+    tool_success_reward: float = 0.0,
 ) -> FunctionTask:
-    """Assemble a task from user data; ``test_tasks`` defaults to the training tasks."""
+    """Assemble a task from user data; ``test_tasks`` defaults to the training tasks.
+
+    ``tool_success_reward``: the step reward of each tool turn whose calls all succeed (a small
+    process reward, e.g. 0.1; see :attr:`rlf_envs.task.Task.tool_success_reward`).
+    """
     splits = {"train": load_tasks(tasks)}
     if test_tasks is not None:
         splits["test"] = load_tasks(test_tasks)
@@ -93,4 +99,5 @@ def make_tool_use_task(
         max_turns=max_turns,
         mcp_servers=mcp_servers,  # type: ignore[arg-type]
         python_tools=python_tools,
+        tool_success_reward=tool_success_reward,
     )

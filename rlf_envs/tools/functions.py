@@ -33,7 +33,7 @@ from typing import Any
 
 import pydantic
 
-from rlf_envs.tools.types import ErrorKind, ToolCall, ToolResult, ToolSpec
+from rlf_envs.types import ErrorKind, ToolCall, ToolResult, ToolSpec
 
 _ARG_LINE = re.compile(r"^\s{2,}(\w+)(?:\s*\([^)]*\))?:\s*(.+)$")
 
@@ -121,7 +121,7 @@ def result_text(value: Any) -> tuple[str, Any]:
 
 
 class FunctionTools:
-    """A :class:`~rlf_envs.tools.types.ToolProvider` over python functions."""
+    """A :class:`~rlf_envs.types.ToolProvider` over python functions."""
 
     def __init__(
         self, functions: Sequence[Callable[..., Any] | FunctionTool], *, default_timeout_s: float = 30.0

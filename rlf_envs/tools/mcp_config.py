@@ -4,7 +4,7 @@ Accepted input: a dict (with or without the outer ``"mcpServers"`` key), a JSON 
 a ``.json`` file. Each server is either a stdio command or a streamable-HTTP URL::
 
     {"mcpServers": {
-        "search": {"command": "python", "args": ["-m", "rlf_envs.servers.search"], "env": {"K": "v"},
+        "search": {"command": "python", "args": ["-m", "rlf_envs.tasks.deepsearch.server"], "env": {"K": "v"},
                    "cwd": "/srv", "replicas": 2, "max_concurrency": 64, "timeout_s": 10, "cache": true},
         "remote": {"url": "http://127.0.0.1:8765/mcp", "headers": {"Authorization": "Bearer x"}}}}
 

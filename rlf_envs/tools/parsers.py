@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rlf_envs.tools.types import ErrorKind, ToolCall
+from rlf_envs.types import ErrorKind, ToolCall
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from dataclasses import replace
 from typing import Any
 
 from rlf_envs.tools.functions import FunctionTools
-from rlf_envs.tools.types import ErrorKind, ToolCall, ToolProvider, ToolResult, ToolSpec
+from rlf_envs.types import ErrorKind, ToolCall, ToolProvider, ToolResult, ToolSpec
 
 TRUNCATION_MARKER = "\n...[truncated {omitted} characters]"
 

@@ -28,7 +28,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 from pydantic import AfterValidator
 
-from rlf_envs.servers._runner import add_transport_args, run_server
+from rlf_envs.servers.launch import add_transport_args, run_server
 
 
 def _must_be_even(n: int) -> int:

@@ -43,7 +43,6 @@ import re
 from typing import Any
 
 from rlf_envs.rewards.rules import extract_answer
-from rlf_envs.tasks.base import Episode
 from rlf_envs.tasks.codebook.data import (
     DEFAULT_SEED,
     EXAMPLE_CODE,
@@ -51,6 +50,7 @@ from rlf_envs.tasks.codebook.data import (
     make_codebook,
     make_task_records,
 )
+from rlf_envs.types import Episode
 
 TOOL_NAME = "lookup"
 CORRECT_REWARD = 1.0
@@ -90,7 +90,13 @@ def stated_answer(episode: Episode) -> str | None:
     """The text whose numbers count as the episode's answer (see the module docstring), or None.
 
     Example:
-        >>> # "<answer>12</answer> ..." -> "12"; a final reply without tags -> the whole reply
+        >>> from rlf_envs.types import Episode, TaskInstance
+        >>> def ended(reply, terminated=True):
+        ...     return Episode(TaskInstance("0", "q"), [], reply, None, [], 1, terminated, not terminated)
+        >>> stated_answer(ended("<answer>12</answer> or 13")), stated_answer(ended("It is 12."))
+        ('12', 'It is 12.')
+        >>> stated_answer(ended("12, then a tool call", terminated=False)) is None   # cut off mid-turn
+        True
     """
     tagged = extract_answer(episode.final_response)
     if tagged is not None:
@@ -113,7 +119,15 @@ def codebook_reward(episode: Episode) -> dict[str, float]:
     """The reward of the module docstring, with its parts in ``reward_info``.
 
     Example:
-        >>> # {"reward": 0.3, "acc": 0.0, "tool_ok": 1.0, "tool_called": 1.0, "answer_tag": 0.0}
+        >>> from rlf_envs.types import Episode, TaskInstance
+        >>> task = TaskInstance("0", "What is the code of apple?", "9725", {"word": "apple"})
+        >>> lookup_call = {"name": "lookup", "arguments": {"word": "apple"}, "ok": True}
+        >>> def ended(reply):
+        ...     return Episode(task, [], reply, None, [lookup_call], 2, terminated=True, truncated=False)
+        >>> codebook_reward(ended("It is 1234."))   # looked up, then stated the wrong code
+        {'reward': 0.3, 'acc': 0.0, 'tool_ok': 1.0, 'tool_called': 1.0, 'answer_tag': 0.0}
+        >>> codebook_reward(ended("<answer>9725</answer>"))["reward"]
+        1.0
     """
     word = _normalize_word(str(episode.task.metadata.get("word", "")))
     correct = states_code(stated_answer(episode), str(episode.task.answer))

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from rlf_envs.tasks.base import TaskInstance
+from rlf_envs.types import TaskInstance
 
 QA_SUFFIXES = (".jsonl", ".json", ".parquet", ".jsonl.gz")
 
@@ -115,7 +115,15 @@ def read_corpus(path: str | Path, *, limit: int | None = None) -> Iterator[Docum
     """Stream the passages of a corpus JSONL (or ``.jsonl.gz``) file.
 
     Example:
-        >>> # for doc in read_corpus("wiki-18.jsonl", limit=1000): ...
+        >>> import json, os, tempfile
+        >>> records = [{"id": "0", "contents": '"Zorvia"\\nZorvia is a country.'},
+        ...            {"id": "1", "contents": '"Leidax"\\nLeidax is its capital.'}]
+        >>> with tempfile.TemporaryDirectory() as tmp:   # e.g. wiki-18.jsonl: one {"id", "contents"} a line
+        ...     path = os.path.join(tmp, "corpus.jsonl")
+        ...     with open(path, "w") as out:
+        ...         _ = out.write("".join(json.dumps(r) + "\\n" for r in records))
+        ...     [(doc.id, doc.title) for doc in read_corpus(path, limit=1)]
+        [('0', 'Zorvia')]
     """
     path = Path(path)
     for count, (line_number, record) in enumerate(_iter_jsonl(path)):
@@ -194,7 +202,13 @@ def load_qa(path: str | Path, *, limit: int | None = None) -> list[TaskInstance]
     """Load a QA file (JSONL, ``.jsonl.gz``, a ``.json`` list, or parquet) as task instances.
 
     Example:
-        >>> # load_qa("nq_hotpotqa_train/test.parquet")[0].answer -> ['...', ...]
+        >>> import os, tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:   # also .jsonl.gz, a .json list, parquet
+        ...     path = os.path.join(tmp, "qa.jsonl")
+        ...     with open(path, "w") as out:
+        ...         _ = out.write('{"question": "Capital of Zorvia?", "golden_answers": ["Leidax"]}\\n')
+        ...     load_qa(path)
+        [TaskInstance(id='qa-0', question='Capital of Zorvia?', answer=['Leidax'], metadata={})]
     """
     path = Path(path)
     rows: Iterable[dict[str, Any]]
@@ -228,7 +242,13 @@ def load_qa_splits(path: str | Path, *, limit: int | None = None) -> dict[str, l
     """QA splits from a directory holding ``train.*`` / ``test.*`` files, or one file for every split.
 
     Example:
-        >>> # load_qa_splits("nq_hotpotqa_train")  -> {"train": [...], "test": [...]}
+        >>> import os, tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:   # e.g. nq_hotpotqa_train/{train,test}.parquet
+        ...     for split in ("train", "test"):
+        ...         with open(os.path.join(tmp, f"{split}.jsonl"), "w") as out:
+        ...             _ = out.write('{"question": "Capital of Zorvia?", "answer": "Leidax"}\\n' * 2)
+        ...     {split: len(instances) for split, instances in load_qa_splits(tmp).items()}
+        {'train': 2, 'test': 2}
     """
     path = Path(path)
     if path.is_file():

@@ -23,7 +23,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import threading
 import uuid
@@ -34,17 +33,16 @@ from typing import Any, Protocol
 
 import bm25s
 import numpy as np
-from bm25s.stopwords import STOPWORDS_EN
 
 from rlf_envs.tasks.deepsearch.data import Document, corpus_hash
+from rlf_envs.tasks.deepsearch.tokens import tokenize
+from rlf_envs.tasks.deepsearch.world import generate_world
 
 INDEX_FORMAT = "rlf-bm25/1"
 META_FILE = "meta.json"
 CORPUS_FILE = "corpus.jsonl"
 OFFSETS_FILE = "corpus.offsets.npy"
 
-STOPWORDS = frozenset(STOPWORDS_EN)
-_TOKEN = re.compile(r"(?u)\b\w\w+\b")  # scikit-learn / bm25s default: words of two or more characters
 
 logger = logging.getLogger(__name__)
 
@@ -59,11 +57,6 @@ class IndexNotFoundError(SearchIndexError, FileNotFoundError):
 
 class IndexCorruptError(SearchIndexError):
     """The index files disagree with each other or with meta.json."""
-
-
-def tokenize(text: str) -> list[str]:
-    """Lowercased word tokens without English stopwords: the same for passages and queries."""
-    return [token for token in _TOKEN.findall(text.lower()) if token not in STOPWORDS]
 
 
 class _Passages(Protocol):
@@ -169,7 +162,9 @@ class SearchIndex:
         """Open a saved index. ``mmap=True`` leaves the score matrix on disk (for huge corpora).
 
         Example:
-            >>> # index = SearchIndex.load(ensure_world_index(seed=0))
+            >>> index = SearchIndex.load(ensure_world_index(seed=0))   # built and cached on first use
+            >>> len(index) == index.meta["doc_count"] > 1000
+            True
         """
         directory = Path(directory)
         meta = read_meta(directory)
@@ -299,7 +294,13 @@ def build_index_dir(
     Written to a temporary sibling and renamed into place, so concurrent builders and readers are safe.
 
     Example:
-        >>> # build_index_dir(read_corpus("wiki-18.jsonl"), "indexes/wiki18-bm25")
+        >>> import os, tempfile
+        >>> from rlf_envs.tasks.deepsearch.data import Document
+        >>> docs = [Document("a", "Zorvia", "Zorvia is a country."), Document("b", "Leidax", "The capital of Zorvia.")]
+        >>> with tempfile.TemporaryDirectory() as tmp:   # e.g. read_corpus("wiki-18.jsonl"), "indexes/wiki18"
+        ...     directory = build_index_dir(iter(docs), os.path.join(tmp, "index"))
+        ...     [hit["id"] for hit in SearchIndex.load(directory).search("capital")]
+        ['b']
     """
     directory = Path(directory)
     with _atomic_directory(directory) as staging:
@@ -369,9 +370,12 @@ def ensure_world_index(seed: int = 0, cache_dir: str | Path | None = None) -> Pa
     several processes call it at once: each builds into its own temporary directory and renames.
 
     Example:
-        >>> # SearchIndex.load(ensure_world_index(seed=0)).search("Velmora Works")
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as cache:   # default: $RLF_CACHE_DIR or ~/.cache/rlf
+        ...     directory = ensure_world_index(seed=0, cache_dir=cache)
+        ...     directory.relative_to(cache).as_posix(), ensure_world_index(seed=0, cache_dir=cache) == directory
+        ('deepsearch/world-seed0', True)
     """
-    from rlf_envs.tasks.deepsearch.world import generate_world  # the world is only needed here
 
     world = generate_world(seed)
     directory = Path(cache_dir) if cache_dir is not None else default_cache_dir()

@@ -14,17 +14,19 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import sys
 from pathlib import Path
 from typing import Any
 
-import rlf_envs
 from rlf_envs.rewards.judge import JudgeReward
 from rlf_envs.rewards.rules import extract_answer, get_rule_reward
-from rlf_envs.tasks.base import Episode, RewardValue, Task, TaskInstance
+from rlf_envs.servers.launch import stdio_server_entry
+from rlf_envs.task import Task
 from rlf_envs.tasks.deepsearch.data import load_qa_splits, read_corpus
 from rlf_envs.tasks.deepsearch.index import build_index_dir, default_cache_dir, ensure_world_index, read_meta
 from rlf_envs.tasks.deepsearch.world import World, generate_world
+from rlf_envs.types import Episode, RewardValue, TaskInstance
+
+SEARCH_SERVER_MODULE = "rlf_envs.tasks.deepsearch.server"  # this task's MCP server, run as `python -m`
 
 SYSTEM_PROMPT = """\
 You answer questions by searching a document collection.
@@ -76,10 +78,12 @@ class DeepSearchTask(Task):
         judge_url: str | None = None,
         judge_model: str | None = None,
         judge_kwargs: dict[str, Any] | None = None,
+        tool_success_reward: float = 0.0,
     ) -> None:
         if qa_path is not None and corpus_path is None and index_dir is None:
             raise ValueError("qa_path needs the corpus to search: pass corpus_path or index_dir as well")
         self.world_seed = world_seed
+        self.tool_success_reward = float(tool_success_reward)
         self.qa_path = Path(qa_path) if qa_path is not None else None
         self.corpus_path = Path(corpus_path) if corpus_path is not None else None
         self.index_dir = Path(index_dir) if index_dir is not None else None
@@ -88,7 +92,9 @@ class DeepSearchTask(Task):
         if reward == "judge":
             if judge_url is None or judge_model is None:
                 raise ValueError('reward="judge" needs judge_url and judge_model')
-            self._judge = JudgeReward(judge_url, judge_model, answer_tag=self.answer_tag, **(judge_kwargs or {}))
+            self._judge = JudgeReward(
+                judge_url, judge_model, answer_tag=self.answer_tag, **(judge_kwargs or {})
+            )
             reward = "exact_match"  # still reported (em, f1) next to the judge's verdict
         self._reward_fn = get_rule_reward(reward)
         self.format_reward = float(format_reward)
@@ -135,31 +141,23 @@ class DeepSearchTask(Task):
 
     def mcp_config(self) -> dict[str, Any]:
         """``{"mcpServers": {"search": ...}}`` running our search server over this task's index."""
-        # the server imports rlf_envs; point it at this checkout in case the package is not installed
-        package_root = str(Path(rlf_envs.__file__).resolve().parent.parent)
-        return {
-            "mcpServers": {
-                "search": {
-                    "command": sys.executable,
-                    "args": [
-                        "-m",
-                        "rlf_envs.servers.search",
-                        "--index",
-                        str(self.index_path()),
-                        "--top-k",
-                        str(self.top_k),
-                    ],
-                    "env": {"PYTHONPATH": package_root},
-                    "timeout_s": 30,
-                }
-            }
-        }
+        args = ["--index", str(self.index_path()), "--top-k", str(self.top_k)]
+        return {"mcpServers": {"search": stdio_server_entry(SEARCH_SERVER_MODULE, args, timeout_s=30)}}
 
     async def reward(self, episode: Episode) -> RewardValue:
         """The chosen rule reward (EM by default) with ``em``/``f1``, plus the format bonus.
 
         Example:
-            >>> # {"reward": 1.0, "em": 1.0, "f1": 1.0, "format": 1.0}
+            >>> import asyncio
+            >>> from rlf_envs.types import Episode, TaskInstance
+            >>> task = DeepSearchTask(format_reward=0.1)
+            >>> question = TaskInstance("q0", "What is the capital of Zorvia?", ["Leidax"])
+            >>> def answered(reply):
+            ...     return Episode(question, [], reply, None, [], 2, terminated=True, truncated=False)
+            >>> asyncio.run(task.reward(answered("<answer>Leidax</answer>")))
+            {'reward': 1.0, 'em': 1.0, 'f1': 1.0, 'format': 1.0}
+            >>> asyncio.run(task.reward(answered("<answer>Paris</answer>")))["reward"]   # wrong but well formed
+            0.1
         """
         scores = dict(self._reward_fn(episode))
         if self._judge is not None:

@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from rlf_envs.rewards.rules import normalize_answer
-from rlf_envs.tasks.base import TaskInstance
 from rlf_envs.tasks.deepsearch.data import Document, corpus_hash
-from rlf_envs.tasks.deepsearch.index import STOPWORDS, tokenize
+from rlf_envs.tasks.deepsearch.tokens import STOPWORDS, tokenize
+from rlf_envs.types import TaskInstance
 
 SPLITS = ("train", "test")
 

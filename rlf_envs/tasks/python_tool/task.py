@@ -1,9 +1,11 @@
 """RLF/PythonTool-v0: math problems with large numbers, a sandboxed ``run_python`` tool and ``<answer>``.
 
 The problems are generated (see :mod:`rlf_envs.tasks.python_tool.problems`), so the task needs no
-download; the tool is our sandbox MCP server (``python -m rlf_envs.servers.python_sandbox``),
+download; the tool is our sandbox MCP server (``python -m rlf_envs.tasks.python_tool.server``),
 started by the env over stdio. The reward is 1.0 when the final ``<answer>`` is exactly the integer
-answer, else 0.0.
+answer, else 0.0. The task decides the sandbox's isolation when it is built (``"auto"`` probes
+bubblewrap once), passes that mode to the server, logs it once and reports it in every reset
+``info["sandbox"]``.
 
 Example:
     >>> task = PythonToolTask(seed=0, kind="word", num_train=10, num_test=5)
@@ -15,14 +17,24 @@ Example:
 from __future__ import annotations
 
 import functools
-import sys
-from pathlib import Path
 from typing import Any
 
-import rlf_envs
+from rlf_envs.isolation import (
+    DEFAULT_BWRAP,
+    IsolationMode,
+    IsolationSettingError,
+    IsolationUnavailableError,
+    probe_bubblewrap,
+    resolve_isolation,
+)
 from rlf_envs.rewards.rules import episode_prediction, extract_answer, math_equal
-from rlf_envs.tasks.base import Episode, RewardValue, Task, TaskInstance
+from rlf_envs.servers.launch import stdio_server_entry
+from rlf_envs.task import Task
 from rlf_envs.tasks.python_tool.problems import KINDS, generate_problems
+from rlf_envs.tasks.python_tool.sandbox import SandboxConfigError, SandboxStartError
+from rlf_envs.types import Episode, RewardValue, TaskInstance
+
+PYTHON_SERVER_MODULE = "rlf_envs.tasks.python_tool.server"  # this task's MCP server, run as `python -m`
 
 SYSTEM_PROMPT = """\
 You solve math problems whose numbers are too large to work out reliably in your head.
@@ -44,8 +56,13 @@ class PythonToolTask(Task):
         max_turns: assistant turns before the episode is truncated.
         kind: "arithmetic" (operation chains), "word" (word problems) or "mixed".
         num_train, num_test: problems per split (the test split does not depend on num_train).
-        cpu_s, memory_mb, output_chars, wall_s: per-call limits of the sandbox server.
+        cpu_s, memory_mb, output_chars, wall_s, disk_mb: per-call limits of the sandbox server
+            (``disk_mb``: the private tmpfs of a call under bwrap).
         sandbox_concurrency: programs the sandbox server runs at once (more calls wait).
+        isolation: ``"auto"`` (bubblewrap when it works here, else the in-process guards, with a
+            warning), ``"bwrap"`` (:class:`SandboxStartError` now when it does not work) or
+            ``"guards"``. The resolved mode is in :attr:`isolation` and ``info["sandbox"]``.
+        bwrap_path: the bubblewrap binary (a name on PATH or a path).
     """
 
     name = "python_tool"
@@ -64,7 +81,10 @@ class PythonToolTask(Task):
         memory_mb: int = 256,
         output_chars: int = 3000,
         wall_s: float = 10.0,
+        disk_mb: int = 64,
         sandbox_concurrency: int = 16,
+        isolation: str = "auto",
+        bwrap_path: str = DEFAULT_BWRAP,
     ) -> None:
         if kind not in KINDS:
             raise ValueError(f"unknown kind {kind!r}; choose one of {list(KINDS)}")
@@ -79,7 +99,10 @@ class PythonToolTask(Task):
         self.memory_mb = memory_mb
         self.output_chars = output_chars
         self.wall_s = wall_s
+        self.disk_mb = disk_mb
         self.sandbox_concurrency = sandbox_concurrency
+        self.bwrap_path = bwrap_path
+        self.isolation = _resolve_isolation(isolation, bwrap_path)
 
     @functools.cached_property
     def _splits(self) -> dict[str, list[TaskInstance]]:
@@ -104,32 +127,23 @@ class PythonToolTask(Task):
 
     def mcp_config(self) -> dict[str, Any]:
         """``{"mcpServers": {"python": ...}}`` running the sandbox server with this task's limits."""
-        # the server imports rlf_envs; point it at this checkout in case the package is not installed
-        package_root = str(Path(rlf_envs.__file__).resolve().parent.parent)
-        return {
-            "mcpServers": {
-                "python": {
-                    "command": sys.executable,
-                    "args": [
-                        "-m",
-                        "rlf_envs.servers.python_sandbox",
-                        "--cpu-s",
-                        str(self.cpu_s),
-                        "--memory-mb",
-                        str(self.memory_mb),
-                        "--output-chars",
-                        str(self.output_chars),
-                        "--wall-s",
-                        str(self.wall_s),
-                        "--max-concurrency",
-                        str(self.sandbox_concurrency),
-                    ],
-                    "env": {"PYTHONPATH": package_root},
-                    # calls may queue behind the sandbox's concurrency limit before their wall clock starts
-                    "timeout_s": 3 * self.wall_s + 30,
-                }
-            }
-        }
+        args = [
+            *("--cpu-s", str(self.cpu_s), "--memory-mb", str(self.memory_mb)),
+            *("--output-chars", str(self.output_chars), "--wall-s", str(self.wall_s)),
+            *("--max-concurrency", str(self.sandbox_concurrency), "--disk-mb", str(self.disk_mb)),
+            # the mode resolved here, so the server runs in the mode this task reports
+            *("--isolation", self.isolation.value, "--bwrap", self.bwrap_path),
+        ]
+        # calls may queue behind the sandbox's concurrency limit before their wall clock starts
+        entry = stdio_server_entry(PYTHON_SERVER_MODULE, args, timeout_s=3 * self.wall_s + 30)
+        return {"mcpServers": {"python": entry}}
+
+    def env_info(self) -> dict[str, Any]:
+        """``{"sandbox": {"isolation": "bwrap" | "guards", ...}}``: how ``run_python`` is isolated."""
+        bwrap = probe_bubblewrap(self.bwrap_path).bubblewrap
+        if self.isolation is IsolationMode.BWRAP and bwrap is not None:
+            return {"sandbox": bwrap.info()}
+        return {"sandbox": {"isolation": self.isolation.value}}
 
     async def reward(self, episode: Episode) -> RewardValue:
         """1.0 when the answer is exactly the gold integer, else 0.0, with ``format`` and ``used_tool``.
@@ -148,3 +162,13 @@ class PythonToolTask(Task):
             "format": float(well_formed),
             "used_tool": float(used_tool),
         }
+
+
+def _resolve_isolation(setting: str, bwrap_path: str) -> IsolationMode:
+    """The mode ``setting`` resolves to here (logged once per process and mode), or a sandbox error."""
+    try:
+        return resolve_isolation(setting, bwrap_path=bwrap_path, purpose="RLF/PythonTool-v0 run_python")
+    except IsolationSettingError as error:
+        raise SandboxConfigError(str(error)) from error
+    except IsolationUnavailableError as error:
+        raise SandboxStartError(str(error)) from error

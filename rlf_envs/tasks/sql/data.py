@@ -14,7 +14,10 @@ Example:
     >>> company = generate_company(0)
     >>> len(company.employees) > 100, len(company.departments)
     (True, 8)
-    >>> # path = ensure_database(seed=0)   # ~/.cache/rlf/sql/seed0.sqlite
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as cache:   # default: $RLF_CACHE_DIR or ~/.cache/rlf
+    ...     ensure_database(seed=0, cache_dir=cache).relative_to(cache).as_posix()
+    'sql/seed0.sqlite'
 """
 
 from __future__ import annotations
@@ -258,7 +261,13 @@ def ensure_database(seed: int = 0, cache_dir: str | Path | None = None) -> Path:
     """The cached database file of ``seed``, (re)built when missing or made by another generator.
 
     Example:
-        >>> # ensure_database(0) -> PosixPath('/root/.cache/rlf/sql/seed0.sqlite')
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as cache:
+        ...     first = ensure_database(0, cache_dir=cache)
+        ...     mtime = first.stat().st_mtime_ns
+        ...     again = ensure_database(0, cache_dir=cache)   # same rows: the file is reused
+        ...     first.name, again == first and again.stat().st_mtime_ns == mtime
+        ('seed0.sqlite', True)
     """
     company = generate_company(seed)
     path = database_path(seed, cache_dir)

@@ -566,7 +566,11 @@ def checked_questions(company: Company, db_path: str | Path) -> list[SQLQuestion
     """The template questions whose gold query passes :func:`question_problem` on ``db_path``.
 
     Example:
-        >>> # checked_questions(generate_company(0), ensure_database(0))
+        >>> from rlf_envs.tasks.sql.data import ensure_database, generate_company
+        >>> company = generate_company(0)
+        >>> checked = checked_questions(company, ensure_database(0))
+        >>> 0 < len(checked) <= len(template_questions(company))
+        True
     """
     with contextlib.closing(sqlite3.connect(_uri(Path(db_path)), uri=True)) as connection:
         connection.execute("PRAGMA query_only = ON")
@@ -604,7 +608,16 @@ def load_question_file(path: str | Path, *, db_id: str | None = None) -> list[SQ
     ``db_id`` (with ``db_id=...`` only records of that database are kept).
 
     Example:
-        >>> # load_question_file("spider/dev.json", db_id="concert_singer")
+        >>> import json, os, tempfile
+        >>> records = [{"question": "How many singers?", "query": "SELECT count(*) FROM singer;",
+        ...             "db_id": "concert_singer"},
+        ...            {"question": "How many cars?", "query": "SELECT count(*) FROM cars", "db_id": "car_1"}]
+        >>> with tempfile.TemporaryDirectory() as tmp:   # a Spider-style dev.json: one JSON array
+        ...     path = os.path.join(tmp, "dev.json")
+        ...     with open(path, "w") as out:
+        ...         json.dump(records, out)
+        ...     [(q.id, q.question, q.sql) for q in load_question_file(path, db_id="concert_singer")]
+        [('1', 'How many singers?', 'SELECT count(*) FROM singer')]
     """
     path = Path(path)
     questions: list[SQLQuestion] = []

@@ -16,7 +16,8 @@ A fresh connection serves each query, so concurrent queries in threads never sha
 
 Example:
     >>> import tempfile, os
-    >>> path = os.path.join(tempfile.mkdtemp(), "t.sqlite")
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> path = os.path.join(tmp.name, "t.sqlite")
     >>> with sqlite3.connect(path) as con:
     ...     _ = con.execute("CREATE TABLE t (x INTEGER)")
     ...     _ = con.executemany("INSERT INTO t VALUES (?)", [(1,), (2,), (3,)])
@@ -31,6 +32,7 @@ Example:
     Traceback (most recent call last):
     ...
     rlf_envs.tasks.sql.sandbox.ForbiddenQueryError: only a single read-only SELECT (or WITH ... SELECT) statement is allowed; this one starts with DELETE
+    >>> tmp.cleanup()
 """
 
 from __future__ import annotations
@@ -173,7 +175,10 @@ class ReadOnlyDatabase:
         timeout_s: wall-clock limit of one query, fetching included.
 
     Example:
-        >>> # db = ReadOnlyDatabase("company.sqlite", timeout_s=2); db.query("SELECT 1").rows
+        >>> from rlf_envs.tasks.sql.data import ensure_database
+        >>> db = ReadOnlyDatabase(ensure_database(seed=0), timeout_s=2)
+        >>> db.query("SELECT count(*) FROM departments").rows
+        [(8,)]
     """
 
     def __init__(self, path: str | Path, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:

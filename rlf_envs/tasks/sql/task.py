@@ -3,7 +3,9 @@
 The reward executes the answer in the same read-only sandbox the tools use and compares its
 result set with the gold query's (see :mod:`rlf_envs.tasks.sql.compare`). By default the database
 and questions are generated from ``seed``; real data (Spider / BIRD style) is a questions file
-plus the sqlite file it was written for (see docs/sql.md).
+plus the sqlite file it was written for (see docs/sql.md). Where bubblewrap works (``isolation``
+``"auto"`` or ``"bwrap"``), the sqlite server process itself runs under it (see
+:func:`rlf_envs.tasks.sql.server.bwrap_entry`); ``info["sandbox"]`` says which mode runs.
 
 Example:
     >>> task = SQLTask(seed=0)
@@ -17,17 +19,21 @@ from __future__ import annotations
 import asyncio
 import functools
 import re
-import sys
 from pathlib import Path
 from typing import Any, Literal
 
-import rlf_envs
+from rlf_envs.isolation import DEFAULT_BWRAP, IsolationMode, probe_bubblewrap, resolve_isolation
 from rlf_envs.rewards.rules import episode_prediction
-from rlf_envs.tasks.base import Episode, RewardValue, Task, TaskInstance
+from rlf_envs.servers.launch import stdio_server_entry
+from rlf_envs.task import Task
 from rlf_envs.tasks.sql.compare import has_top_level_order_by, results_match
 from rlf_envs.tasks.sql.data import ensure_database, generate_company
 from rlf_envs.tasks.sql.questions import SQLQuestion, checked_questions, load_question_file
 from rlf_envs.tasks.sql.sandbox import DEFAULT_TIMEOUT_S, QueryResult, ReadOnlyDatabase, SQLError
+from rlf_envs.tasks.sql.server import bwrap_entry
+from rlf_envs.types import Episode, RewardValue, TaskInstance
+
+SQL_SERVER_MODULE = "rlf_envs.tasks.sql.server"  # this task's MCP server, run as `python -m`
 
 SYSTEM_PROMPT = """\
 You answer questions about a database by writing one SQLite query.
@@ -72,6 +78,10 @@ class SQLTask(Task):
             top-level ``ORDER BY``; ``True`` / ``False`` force ordered / multiset comparison.
         timeout_s: time limit of one query, in the tools and when scoring the answer.
         cache_dir: where the generated database is cached (default ``$RLF_CACHE_DIR`` or ``~/.cache/rlf``).
+        isolation: ``"auto"`` (run the sqlite server under bubblewrap when it works here),
+            ``"bwrap"`` (:class:`rlf_envs.isolation.IsolationUnavailableError` now when it does
+            not) or ``"guards"`` (a plain process; the read-only database locks alone).
+        bwrap_path: the bubblewrap binary (a name on PATH or a path).
     """
 
     name = "sql"
@@ -89,6 +99,8 @@ class SQLTask(Task):
         row_order_matters: RowOrder = "auto",
         timeout_s: float = DEFAULT_TIMEOUT_S,
         cache_dir: str | Path | None = None,
+        isolation: str = "auto",
+        bwrap_path: str = DEFAULT_BWRAP,
     ) -> None:
         if (db_path is None) != (questions_path is None):
             raise ValueError(
@@ -109,6 +121,10 @@ class SQLTask(Task):
         self.timeout_s = float(timeout_s)
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self._gold_results: dict[str, QueryResult | SQLError] = {}
+        self.bwrap_path = bwrap_path
+        self.isolation = resolve_isolation(
+            isolation, bwrap_path=bwrap_path, purpose="RLF/SQL-v0 sqlite server"
+        )
 
     @property
     def db_path(self) -> Path:
@@ -143,22 +159,21 @@ class SQLTask(Task):
 
     def mcp_config(self) -> dict[str, Any]:
         """``{"mcpServers": {"sqlite": ...}}`` running our read-only sqlite server on this task's database."""
-        # the server imports rlf_envs; point it at this checkout in case the package is not installed
-        package_root = str(Path(rlf_envs.__file__).resolve().parent.parent)
-        return {
-            "mcpServers": {
-                "sqlite": {
-                    "command": sys.executable,
-                    "args": [
-                        *("-m", "rlf_envs.servers.sqlite", "--db", str(self.db_path)),
-                        *("--max-rows", str(self.max_rows), "--timeout-s", str(self.timeout_s)),
-                    ],
-                    "env": {"PYTHONPATH": package_root},
-                    "timeout_s": self.timeout_s + 10.0,
-                    "cache": True,  # the database never changes, so equal calls give equal results
-                }
-            }
-        }
+        db = str(self.db_path.resolve())  # bound at its real path under bwrap
+        args = ["--db", db, "--max-rows", str(self.max_rows), "--timeout-s", str(self.timeout_s)]
+        # the database never changes, so equal calls give equal results
+        entry = stdio_server_entry(SQL_SERVER_MODULE, args, timeout_s=self.timeout_s + 10.0, cache=True)
+        bwrap = probe_bubblewrap(self.bwrap_path).bubblewrap
+        if self.isolation is IsolationMode.BWRAP and bwrap is not None:
+            entry = bwrap_entry(entry, db, bwrap)
+        return {"mcpServers": {"sqlite": entry}}
+
+    def env_info(self) -> dict[str, Any]:
+        """``{"sandbox": {"isolation": "bwrap" | "guards", ...}}``: how the sqlite server process runs."""
+        bwrap = probe_bubblewrap(self.bwrap_path).bubblewrap
+        if self.isolation is IsolationMode.BWRAP and bwrap is not None:
+            return {"sandbox": bwrap.info()}
+        return {"sandbox": {"isolation": self.isolation.value}}
 
     def _database(self, timeout_s: float) -> ReadOnlyDatabase:
         return ReadOnlyDatabase(self.db_path, timeout_s=timeout_s)
@@ -179,7 +194,17 @@ class SQLTask(Task):
         """1.0 when the answer's result set equals the gold query's, else 0.0.
 
         Example:
-            >>> # {"reward": 1.0, "executed": True, "error": None, "gold_rows": 4, "pred_rows": 4, ...}
+            >>> import asyncio
+            >>> from rlf_envs.types import Episode
+            >>> task = SQLTask(seed=0)
+            >>> instance = task.instances("test")[0]
+            >>> def answered(sql):
+            ...     return Episode(instance, [], f"<answer>{sql}</answer>", None, [], 1, True, False)
+            >>> asyncio.run(task.reward(answered(instance.answer)))   # the gold query itself
+            {'reward': 1.0, 'executed': True, 'error': None, 'gold_rows': 7, 'pred_rows': 7}
+            >>> scores = asyncio.run(task.reward(answered("DROP TABLE employees")))
+            >>> scores["reward"], scores["executed"], scores["error"].split(":")[0]
+            (0.0, False, 'ForbiddenQueryError')
         """
         scores: dict[str, Any] = {
             "reward": 0.0,

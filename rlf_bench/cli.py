@@ -1,0 +1,45 @@
+"""``rlf-bench``: ``env`` benchmarks the env half; ``train`` and ``rollout`` the trainer half (``rlf[trainer]``).
+
+This dispatcher lives outside both halves so that ``rlf_envs`` never imports ``rlf_trainer``.
+
+Example:
+    rlf-bench env --num-envs 256 --latency-ms 100 --steps 5 --json
+    rlf-bench train --json
+    rlf-bench rollout --json          # lockstep vs async rollout (vLLM: .venv-vllm on a CPU machine)
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+USAGE = "usage: rlf-bench {env,train,rollout} [options]   (rlf-bench COMMAND --help)"
+TRAINER_COMMANDS = {"train": "rlf_bench.train_bench", "rollout": "rlf_bench.rollout_bench"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "env":
+        from rlf_bench.env_cli import main as env_main
+
+        return env_main(rest)
+    if command in TRAINER_COMMANDS:
+        try:
+            import rlf_trainer.trainer  # noqa: F401  (torch, transformers, accelerate)
+        except ImportError as exc:
+            print(
+                f"rlf-bench {command} needs the trainer extra: pip install 'rlf[trainer]' ({exc})",
+                file=sys.stderr,
+            )
+            return 2
+        return importlib.import_module(TRAINER_COMMANDS[command]).main(rest)
+    print(f"rlf-bench: unknown command {command!r}\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""The task contract: what a task is: its instances, its prompts, its default tools and its reward.
+
+An env (single or vector) runs episodes of a :class:`Task`. A task never touches the event loop
+or the tool servers itself: the env starts the tools it declares and calls :meth:`Task.reward`
+on finished episodes, concurrently across the batch.
+
+Example:
+    >>> task = FunctionTask(
+    ...     name="echo", instances=[TaskInstance(id="0", question="Say hi", answer="hi")],
+    ...     reward_fn=lambda ep: float(ep.final_answer == "hi"))
+    >>> task.user_prompt(task.instances("train")[0])
+    'Say hi'
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from rlf_envs.types import Episode, RewardFn, RewardValue, TaskInstance
+
+__all__ = ["FunctionTask", "Task", "resolve_reward", "split_hidden_arguments"]
+
+
+class Task:
+    """Base class of a task. Subclasses override what differs; defaults suit a QA task."""
+
+    name: str = "task"
+    system_prompt: str = "You are a helpful assistant."
+    max_turns: int = 4
+    # A process reward: the step reward of a tool turn whose calls all succeeded (0: rewards only
+    # at the end). The episode's return is then the task reward plus these turn rewards.
+    tool_success_reward: float = 0.0
+    # Tools whose successful call ends the episode (e.g. ``transfer_to_human_agents``).
+    terminating_tools: frozenset[str] = frozenset()
+    # Tool arguments the env fills in from :meth:`open_episode` (never shown to or written by the
+    # model): e.g. the token of the episode's own database copy.
+    hidden_arguments: tuple[str, ...] = ()
+
+    # Subclasses provide their instances per split here (a dict, or a cached property).
+    _splits: Mapping[str, Sequence[TaskInstance]]
+
+    def instances(self, split: str) -> Sequence[TaskInstance]:
+        try:
+            return self._splits[split]
+        except KeyError:
+            raise KeyError(
+                f"task {self.name!r} has no split {split!r}; it has {sorted(self._splits)}"
+            ) from None
+
+    def splits(self) -> list[str]:
+        return list(self._splits)
+
+    def user_prompt(self, instance: TaskInstance) -> str:
+        return instance.question
+
+    def mcp_config(self) -> dict[str, Any] | None:
+        """The MCP servers this task needs by default (``{"mcpServers": {...}}``), or None."""
+        return None
+
+    def python_tools(self) -> list[Callable[..., Any]]:
+        """Plain (sync or async, typed) functions exposed as tools by default."""
+        return []
+
+    def env_info(self) -> dict[str, Any]:
+        """Facts about this task's own tools that the env adds to every reset ``info``.
+
+        E.g. ``{"sandbox": {"isolation": "bwrap"}}``: how the task's tool server isolates code. The
+        env merges it only when it runs the task's own ``mcp_config()``, not servers the caller
+        passed (the task knows nothing about those).
+        """
+        return {}
+
+    def user_instructions(self, instance: TaskInstance) -> str:
+        """The hidden persona/goal a user simulator plays for ``instance``.
+
+        Default: the instance's ``user_instructions`` (a task dict's key), after its ``persona``.
+        """
+        parts = [instance.metadata.get("persona"), instance.metadata.get("user_instructions")]
+        return "\n".join(str(p) for p in parts if p)
+
+    def default_user_simulator(self) -> Any:
+        """The user simulator the env uses when none is passed (default None: no user turns)."""
+        return None
+
+    def open_episode(self, instance: TaskInstance) -> dict[str, Any]:
+        """Per-episode state for ``instance``: the values of :attr:`hidden_arguments` (default ``{}``)."""
+        return {}
+
+    def close_episode(self, episode_args: dict[str, Any]) -> None:
+        """Release what :meth:`open_episode` made (called once per opened episode)."""
+
+    async def reward(self, episode: Episode) -> RewardValue:
+        raise NotImplementedError
+
+
+def split_hidden_arguments(
+    tools: Sequence[dict[str, Any]], hidden: Sequence[str]
+) -> tuple[list[dict[str, Any]], dict[str, frozenset[str]]]:
+    """Model-facing tool schemas without the ``hidden`` parameters, and which tool takes which.
+
+    Example:
+        >>> tool = {"type": "function", "function": {"name": "get", "parameters": {
+        ...     "type": "object", "properties": {"id": {}, "episode": {}}, "required": ["id", "episode"]}}}
+        >>> visible, takes = split_hidden_arguments([tool], ["episode"])
+        >>> visible[0]["function"]["parameters"], takes
+        ({'type': 'object', 'properties': {'id': {}}, 'required': ['id']}, {'get': frozenset({'episode'})})
+    """
+    if not hidden:
+        return list(tools), {}
+    visible, takes = [], {}
+    for tool in tools:
+        function = tool.get("function", {})
+        params = function.get("parameters") or {}
+        names = frozenset(h for h in hidden if h in (params.get("properties") or {}))
+        if not names:
+            visible.append(tool)
+            continue
+        takes[function.get("name", "")] = names
+        stripped = dict(params)
+        stripped["properties"] = {k: v for k, v in params["properties"].items() if k not in names}
+        if "required" in params:
+            stripped["required"] = [r for r in params["required"] if r not in names]
+        visible.append({**tool, "function": {**function, "parameters": stripped}})
+    return visible, takes
+
+
+async def resolve_reward(fn: RewardFn, episode: Episode) -> RewardValue:
+    """Call a sync or async reward function and return its value."""
+    value = fn(episode)
+    if inspect.isawaitable(value):
+        value = await value
+    return value
+
+
+class FunctionTask(Task):
+    """A task assembled from plain data and a reward callable (what ``RLF/ToolUse-v0`` builds)."""
+
+    def __init__(
+        self,
+        name: str,
+        instances: Sequence[TaskInstance] | dict[str, Sequence[TaskInstance]],
+        reward_fn: RewardFn,
+        *,
+        system_prompt: str | None = None,
+        max_turns: int = 4,
+        mcp_servers: dict[str, Any] | None = None,
+        python_tools: Sequence[Callable[..., Any]] = (),
+        tool_success_reward: float = 0.0,
+    ) -> None:
+        self.name = name
+        self.tool_success_reward = float(tool_success_reward)
+        self._splits = dict(instances) if isinstance(instances, dict) else {"train": list(instances)}
+        self._reward_fn = reward_fn
+        if system_prompt is not None:
+            self.system_prompt = system_prompt
+        self.max_turns = max_turns
+        self._mcp_servers = mcp_servers
+        self._python_tools = list(python_tools)
+
+    def instances(self, split: str) -> Sequence[TaskInstance]:
+        if split == "test" and "test" not in self._splits and "train" in self._splits:
+            return self._splits["train"]  # a task list without a test split evaluates on its tasks
+        return super().instances(split)
+
+    def mcp_config(self) -> dict[str, Any] | None:
+        return self._mcp_servers
+
+    def python_tools(self) -> list[Callable[..., Any]]:
+        return self._python_tools
+
+    async def reward(self, episode: Episode) -> RewardValue:
+        return await resolve_reward(self._reward_fn, episode)

@@ -1,0 +1,105 @@
+"""Fixtures shared by several test files; pytest finds them by name, nothing to import.
+
+Shared *helpers* (functions, classes, constants: ``REPO``, ``free_port``, ``http_server``,
+``OpenAITestServer``, ``rlf_serve``, ``tiny_config``, ...) live in ``tests/helpers.py``: import them
+from there, never from another ``test_*.py`` file. The fixture servers (``tests/mcp_fixtures/*_server.py``)
+are real MCP servers that the tests run as subprocesses.
+
+Fixtures here:
+
+- ``tiny_model_dir`` (session), ``tiny_tokenizer`` (session), ``tiny_model`` (a fresh copy per
+  test), ``prompts``: the tiny random Qwen3 of the trainer tests, built once per session;
+- ``shared_tiny_model_dir`` (session): the same model in a folder reused across runs
+  (``$RLF_TEST_MODELS_DIR``, default ``<tmp>/rlf-test-models``), for the rlf-serve subprocesses;
+- ``openai_server_instance`` (module) and ``openai_server`` (reset for each test): a scripted
+  OpenAI-compatible server (:class:`tests.helpers.OpenAITestServer`);
+- ``world`` (module): the generated DeepSearch world of seed 0.
+
+torch and transformers are imported inside the fixtures, so env-only test runs never load them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import OpenAITestServer, build_tiny_model, tiny_model_path
+
+# ------------------------------------------------------------------------------------------------
+# The tiny random Qwen3
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Folder of the tiny Qwen3 (config, safetensors, tokenizer with chat template)."""
+    return build_tiny_model(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture
+def tiny_model(tiny_model_dir: Path) -> Any:
+    """A fresh float32 copy of the tiny model per test (tests may change its weights)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+
+
+@pytest.fixture
+def prompts(tiny_tokenizer: Any) -> list[list[int]]:
+    """Three prompts of different lengths, so left padding is exercised."""
+    from rlf_trainer.chat import prompt_ids
+
+    return [
+        prompt_ids(tiny_tokenizer, [{"role": "user", "content": "Who founded Velmora Works?"}]),
+        prompt_ids(tiny_tokenizer, [{"role": "user", "content": "hi"}]),
+        [5, 6, 7],
+    ]
+
+
+@pytest.fixture(scope="session")
+def shared_tiny_model_dir() -> Path:
+    """The tiny Qwen3 in a folder shared between test runs (skips the test without transformers)."""
+    return tiny_model_path()
+
+
+# ------------------------------------------------------------------------------------------------
+# A scripted OpenAI-compatible server
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def openai_server_instance() -> Iterator[OpenAITestServer]:
+    server = OpenAITestServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def openai_server(openai_server_instance: OpenAITestServer) -> OpenAITestServer:
+    """The module's scripted server with its knobs and counters reset."""
+    openai_server_instance.reset()
+    return openai_server_instance
+
+
+# ------------------------------------------------------------------------------------------------
+# DeepSearch
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def world() -> Any:
+    """The generated DeepSearch world of seed 0 (deterministic; one per test module)."""
+    from rlf_envs.tasks.deepsearch.world import generate_world
+
+    return generate_world(0)

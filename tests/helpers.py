@@ -1,0 +1,348 @@
+"""Helpers shared by the tests: plain functions, classes and constants (fixtures are in conftest.py).
+
+Import them from here (``from tests.helpers import free_port, http_server``), never from another
+``test_*.py`` file. What is here:
+
+- MCP servers: the ``mcpServers`` entries of the fixture servers in ``tests/mcp_fixtures/``
+  (:func:`faulty_server`, :func:`tiny_server`) and of the latency server, :func:`http_server` (an
+  MCP server over streamable HTTP as a subprocess), :func:`free_port`, :func:`wait_for_port`,
+  :func:`pid_alive`, :data:`LoopThread`;
+- OpenAI-compatible servers: :class:`OpenAITestServer` (scripted, in this process) and
+  :func:`rlf_serve` (``python -m rlf_serve.app`` as a subprocess);
+- the tiny random Qwen3: :data:`TINY_MODEL_KWARGS`, :func:`build_tiny_model`, :func:`tiny_model_path`,
+  :func:`forward_logprobs`, :data:`LOGPROB_ATOL`;
+- trainer runs: :func:`tiny_config`, :func:`train_py_command`, :func:`text_reward`, :func:`model_params`.
+
+torch, transformers and the trainer are imported inside the functions that need them, so importing
+this module stays cheap for the env tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from rlf_envs.rewards.rules import exact_match
+from rlf_envs.runtime import LoopThread as EnvLoopThread
+
+REPO = Path(__file__).resolve().parents[1]
+MCP_FIXTURES = REPO / "tests" / "mcp_fixtures"
+FAULTY_SERVER = str(MCP_FIXTURES / "faulty_server.py")
+TINY_SERVER = str(MCP_FIXTURES / "tiny_server.py")
+TINY_CONFIG = REPO / "examples" / "configs" / "tiny_test.yaml"
+LOGPROB_ATOL = 2e-3  # float32 on both sides; vLLM's fused kernels sum in another order
+
+# The tests drive pools (and the scripted OpenAI server) on the same kind of loop thread the envs use.
+LoopThread = EnvLoopThread
+
+
+# ------------------------------------------------------------------------------------------------
+# MCP servers
+# ------------------------------------------------------------------------------------------------
+
+
+def faulty_server(prefix: str = "", *extra_args: str, **keys: Any) -> dict[str, Any]:
+    """An ``mcpServers`` entry running faulty_server.py over stdio, its tools named ``prefix + name``."""
+    return {
+        "command": sys.executable,
+        "args": [FAULTY_SERVER, "--prefix", prefix, *extra_args],
+        "env": {"PYTHONPATH": str(REPO)},  # run as a script, it needs the repo to import rlf_envs
+        **keys,
+    }
+
+
+def tiny_server(prefix: str = "", *extra_args: str, **keys: Any) -> dict[str, Any]:
+    """An ``mcpServers`` entry running tiny_server.py (no SDK, starts in milliseconds) over stdio."""
+    return {"command": sys.executable, "args": [TINY_SERVER, "--prefix", prefix, *extra_args], **keys}
+
+
+def latency_server(*extra_args: str, **keys: Any) -> dict[str, Any]:
+    """An ``mcpServers`` entry running ``python -m rlf_envs.servers.latency`` over stdio."""
+    return {
+        "command": sys.executable,
+        "args": ["-m", "rlf_envs.servers.latency", *extra_args],
+        "cwd": str(REPO),
+        **keys,
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def http_server(
+    argv: list[str], port: int, ready_timeout_s: float = 30.0
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run an MCP server over streamable HTTP on 127.0.0.1:``port`` until the block ends.
+
+    ``argv`` is the command without transport flags; yields once the port accepts connections.
+    """
+    command = [*argv, "--transport", "http", "--host", "127.0.0.1", "--port", str(port)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, process, ready_timeout_s)
+        yield process
+    finally:
+        process.kill()
+        process.wait(timeout=10)
+
+
+def wait_for_port(port: int, process: subprocess.Popen[bytes], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode} before accepting connections")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"nothing accepted connections on port {port} within {timeout_s} s"
+                ) from None
+            time.sleep(0.05)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether the process exists and is not a zombie waiting to be reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+# ------------------------------------------------------------------------------------------------
+# OpenAI-compatible servers
+# ------------------------------------------------------------------------------------------------
+
+
+_JUDGE_PROMPT = re.compile(r"Reference answer\(s\): (.*)\nCandidate answer: (.*)\n")
+
+
+def scripted_reply(body: dict[str, Any]) -> str:
+    """What the test server answers: a verdict to a judge prompt, else ``[model] USER TEXT``."""
+    user = next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
+    judge = _JUDGE_PROMPT.search(user)
+    if judge is None:
+        return f"[{body.get('model')}] {user.upper()}"
+    correct = exact_match(judge.group(2), judge.group(1).split(" | "))
+    if "Reply with yes or no" in user:
+        return "yes" if correct else "no"
+    return f"<score>{int(correct)}</score>"
+
+
+class OpenAITestServer:
+    """A real OpenAI-compatible ``/v1/chat/completions`` server on its own loop thread.
+
+    Replies with :func:`scripted_reply`. The model name scripts failures: ``fail-<status>`` answers
+    that HTTP status, ``hang`` never answers, ``garbage`` answers a 200 that is not JSON, ``empty``
+    an empty message. Knobs: ``delay_s`` before each reply, ``fail_first`` (HTTP 500 for the first
+    k requests), ``reply`` (a fixed reply text). Counters: ``requests``, ``in_flight``,
+    ``peak_in_flight``, ``bodies``.
+    """
+
+    def __init__(self) -> None:
+        self._loop = LoopThread()
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+        self.reset()
+
+    def reset(self) -> None:
+        self.delay_s = 0.0
+        self.fail_first = 0
+        self.reply: str | None = None
+        self.requests = 0
+        self.in_flight = 0
+        self.peak_in_flight = 0
+        self.bodies: list[dict[str, Any]] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> OpenAITestServer:
+        self._loop.run(self._start())
+        return self
+
+    async def _start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._handle)
+        # handler_cancellation: a client that gives up (timeout) ends the handler of a hung request
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        self.port = self._runner.addresses[0][1]
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            self._loop.run(self._runner.cleanup())
+        self._loop.close()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.requests += 1
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            body = await request.json()
+            self.bodies.append(body)
+            model = str(body.get("model", ""))
+            if self.requests <= self.fail_first:
+                return web.json_response({"error": {"message": "scripted overload"}}, status=500)
+            if model.startswith("fail-"):
+                return web.json_response({"error": {"message": "scripted failure"}}, status=int(model[5:]))
+            if model == "hang":
+                await asyncio.sleep(60)
+            if model == "garbage":
+                return web.Response(text="<html>not a completion</html>")
+            await asyncio.sleep(self.delay_s)
+            text = "" if model == "empty" else self.reply if self.reply is not None else scripted_reply(body)
+            return web.json_response(
+                {
+                    "id": "chatcmpl-test",
+                    "object": "chat.completion",
+                    "model": model,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": text},
+                            "finish_reason": "stop",
+                        }
+                    ],  # fmt: skip
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                }
+            )
+        finally:
+            self.in_flight -= 1
+
+
+@contextlib.contextmanager
+def rlf_serve(model_dir: Path, *extra_args: str, ready_timeout_s: float = 180.0) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:  # fmt: skip
+    """``python -m rlf_serve.app`` on a free port, serving ``model_dir`` as model "tiny"; yields (base_url, process).
+
+    One torch thread: on a small shared CPU, more threads of a tiny model mostly wait for each other.
+    """
+    port = free_port()
+    command = [sys.executable, "-m", "rlf_serve.app", "--model", str(model_dir), "--served-model-name", "tiny",
+               "--port", str(port), "--threads", "1", *extra_args]  # fmt: skip
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=log, stderr=log)  # fmt: skip
+        try:
+            try:
+                wait_for_port(port, process, ready_timeout_s)
+            except (RuntimeError, TimeoutError):
+                log.seek(0)
+                raise RuntimeError(
+                    f"rlf-serve did not start:\n{log.read().decode(errors='replace')[-3000:]}"
+                ) from None
+            yield f"http://127.0.0.1:{port}/v1", process
+        finally:
+            process.kill()
+            process.wait(timeout=30)
+
+
+# ------------------------------------------------------------------------------------------------
+# The tiny random Qwen3
+# ------------------------------------------------------------------------------------------------
+
+
+TINY_MODEL_KWARGS: dict[str, Any] = {
+    "vocab_size": 1024,
+    "hidden": 64,
+    "layers": 2,
+    "heads": 4,
+    "head_dim": 32,
+    "seed": 0,
+}
+
+
+def build_tiny_model(root: str | Path) -> Path:
+    """The tiny Qwen3 every trainer test uses, built (or reused) under ``root``."""
+    from rlf_trainer.models import build_tiny_qwen3
+
+    return build_tiny_qwen3(Path(root) / "tiny-qwen3", **TINY_MODEL_KWARGS)
+
+
+def tiny_model_path() -> Path:
+    """The tiny Qwen3 of the trainer tests, built once into a shared folder and reused by later runs."""
+    pytest.importorskip("transformers")
+    root = Path(os.environ.get("RLF_TEST_MODELS_DIR", Path(tempfile.gettempdir()) / "rlf-test-models"))
+    return build_tiny_model(root)
+
+
+def forward_logprobs(model: Any, prompt: list[int], completion: list[int]) -> Any:
+    """Raw log p(completion_t | prompt + completion_<t) from one unpadded forward pass."""
+    import torch
+
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+    return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(completion)[:, None]).squeeze(1)
+
+
+# ------------------------------------------------------------------------------------------------
+# Trainer runs
+# ------------------------------------------------------------------------------------------------
+
+
+def text_reward(episode) -> dict[str, float]:
+    """A reward with spread for a random model: a deterministic function of the final turn's text."""
+    return {"reward": (sum(map(ord, episode.final_response)) % 5) / 4, "em": 0.0}
+
+
+def tiny_config(tiny_model_dir: Path, run_dir: Path, *overrides: str) -> Any:
+    """examples/configs/tiny_test.yaml on the tiny model, logging to ``run_dir``, rewarded by :func:`text_reward`."""
+    from rlf_trainer.config import load_config
+
+    config = load_config(
+        TINY_CONFIG,
+        [
+            f"model.path={tiny_model_dir}",
+            "model.prepare=null",
+            f"logging.dir={run_dir}",
+            f"env.kwargs.mcp_servers.mcpServers.latency.command={sys.executable}",
+            "logging.progress_bar=false",
+            *overrides,
+        ],
+    )
+    config.env.kwargs["reward"] = text_reward  # objects from Python go straight into the env kwargs
+    return config
+
+
+def train_py_command(tiny_model_dir: Path, log_dir: Path, *overrides: str) -> list[str]:
+    """``python examples/train.py`` on the tiny config, as a user starts it, with ``overrides``."""
+    return [
+        sys.executable,
+        str(REPO / "examples" / "train.py"),
+        "--config",
+        str(TINY_CONFIG),
+        f"model.path={tiny_model_dir}",
+        "model.prepare=null",
+        f"logging.dir={log_dir}",
+        f"env.kwargs.mcp_servers.mcpServers.latency.command={sys.executable}",
+        *overrides,
+    ]
+
+
+def model_params(trainer: Any) -> dict[str, Any]:
+    """A detached copy of every parameter and buffer of the trainer's (unwrapped) model."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}

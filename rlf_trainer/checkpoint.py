@@ -74,6 +74,21 @@ class PromptSampler:
             position += take
         return out
 
+    def refill_indices(self, step: int, round_: int, count: int) -> list[int]:
+        """Extra prompts for DAPO's refill round ``round_`` (1, 2, ...) of step ``step``.
+
+        A stream of its own, a pure function of ``(seed, step, round_)``: however many rounds a
+        step needed, the main stream (and so :meth:`state`) is the same, and a resumed run refills
+        a step exactly as the original run did.
+
+        Example:
+            >>> s = PromptSampler(num_tasks=10, seed=0)
+            >>> s.refill_indices(3, 1, 4) == s.refill_indices(3, 1, 4) != s.refill_indices(3, 2, 4)
+            True
+        """
+        stream = PromptSampler(self.num_tasks, step_seed(self.seed, step, 0x5EF111, round_))
+        return stream.indices(0, count)
+
     def state(self, step: int, count: int) -> dict[str, Any]:
         """The JSON-friendly data position after ``step`` steps of ``count`` prompts."""
         position = step * count

@@ -76,6 +76,16 @@ class RolloutConfig:
 
     ``max_new_tokens`` is the budget of one assistant turn, ``max_total_tokens`` of a whole episode
     (prompt + every turn + tool results); ``max_turns`` (when set) is passed to the env.
+
+    ``mode``: ``lockstep`` (one batched generate per turn over every live episode, then one
+    ``envs.step``), ``async`` (one coroutine per episode: its next turn is submitted to the
+    continuously batching engine the moment its tool results are back; no per-turn barrier), or
+    ``auto`` (async on the vLLM backend, lockstep on HF, whose ``generate`` is batch-synchronous).
+    ``max_concurrent_episodes`` caps the episodes in flight in async mode (None: all).
+    ``overlap``: the rollout of step k+1 runs while step k trains (vLLM backend; staleness 1,
+    corrected by ``algorithm.tis_cap``); steps that follow an eval or a checkpoint sample on-policy,
+    so resuming stays exact. ``drop_sim_errors``: episodes whose user simulator failed
+    (``info["sim_error"]``) leave the batch instead of training on a reward they did not earn.
     """
 
     prompts_per_step: int = 4
@@ -85,6 +95,10 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    mode: Literal["lockstep", "async", "auto"] = "auto"
+    max_concurrent_episodes: int | None = None
+    overlap: bool = False
+    drop_sim_errors: bool = True
 
 
 @dataclass
@@ -97,6 +111,14 @@ class AlgorithmConfig:
     ``old_logprobs``: ``"recompute"`` takes pi_old from the training model's own forward pass
     (ratio exactly 1 at the single update of a batch; robust to sampler/trainer numeric mismatch,
     as verl does), ``"rollout"`` uses the sampler's recorded logprobs.
+    ``tis_cap``: weight each token's surrogate by ``min(pi_theta / pi_sampler, tis_cap)``
+    (truncated importance sampling against the sampler's logprobs); None = 2.0 under
+    ``rollout.overlap`` and off otherwise, 0 = off.
+    ``max_refill_rounds``: with ``dynamic_sampling``, roll out up to this many extra batches of new
+    prompts to replace the dropped groups, so the update trains on a full batch (0: train on fewer).
+    ``turn_rewards``: how per-turn env rewards become token advantages (``sum``: one advantage per
+    episode over its return; ``discounted`` / ``per_turn_advantage`` with ``turn_discount``), see
+    :mod:`rlf_trainer.advantages`.
     """
 
     loss: LossName = "grpo"
@@ -108,6 +130,10 @@ class AlgorithmConfig:
     normalize_std: bool | None = None
     dynamic_sampling: bool = False
     old_logprobs: Literal["recompute", "rollout"] = "recompute"
+    tis_cap: float | None = None
+    max_refill_rounds: int = 0
+    turn_rewards: Literal["sum", "discounted", "per_turn_advantage"] = "sum"
+    turn_discount: float = 1.0
 
 
 @dataclass
@@ -255,6 +281,13 @@ class Config:
                 "eval.every >= 0 and eval.num_prompts >= 1",
             ),
             (self.checkpoint.every >= 0, "checkpoint.every must be >= 0"),
+            (self.algorithm.max_refill_rounds >= 0, "algorithm.max_refill_rounds must be >= 0"),
+            (0 <= self.algorithm.turn_discount <= 1, "algorithm.turn_discount must be in [0, 1]"),
+            (self.algorithm.tis_cap is None or self.algorithm.tis_cap >= 0, "algorithm.tis_cap must be >= 0"),
+            (
+                self.rollout.max_concurrent_episodes is None or self.rollout.max_concurrent_episodes >= 1,
+                "rollout.max_concurrent_episodes must be >= 1 (or null: all)",
+            ),
             (bool(self.model.path or self.model.prepare), "model.path is required (or model.prepare)"),
         ]
         for ok, message in checks:
@@ -266,7 +299,29 @@ class Config:
                 f"{self.algorithm.loss} clips symmetrically: leave algorithm.clip_eps_high unset "
                 "or use algorithm.loss=dapo"
             )
+        if algo.loss == "gspo" and algo.turn_rewards != "sum":
+            raise ConfigError("gspo has one ratio per sequence: algorithm.turn_rewards must be 'sum'")
+        if self.rollout.overlap and self.policy.backend != "vllm":
+            raise ConfigError(
+                "rollout.overlap needs policy.backend=vllm: the HF policy generates with the very "
+                "module being trained, so the next rollout cannot run during the update"
+            )
         return self
+
+    @property
+    def rollout_mode(self) -> str:
+        """``rollout.mode`` with ``auto`` resolved: async on vLLM, lockstep on HF."""
+        if self.rollout.mode != "auto":
+            return self.rollout.mode
+        return "async" if self.policy.backend == "vllm" else "lockstep"
+
+    @property
+    def tis_cap(self) -> float:
+        """``algorithm.tis_cap`` with None resolved (2.0 under overlap, else 0 = off)."""
+        cap = self.algorithm.tis_cap
+        if cap is None:
+            return 2.0 if self.rollout.overlap else 0.0
+        return cap
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict (YAML/JSON-friendly where the values are)."""

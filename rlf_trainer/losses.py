@@ -8,13 +8,19 @@ sequence (``[B]``) or per token (``[B, T]``).
 Notation: ``logp = log pi_theta(token)``, ``old_logp = log pi_old(token)`` (the policy that sampled),
 ``ref_logp = log pi_ref(token)``; the importance ratio is ``r = exp(logp - old_logp)``.
 
+Every loss takes the same optional extras: ``ref_logp``, ``beta`` and ``kl_estimator`` add the KL
+penalty to the reference model (one implementation, :func:`kl_penalty`, aggregated like the
+variant's own surrogate), and ``token_weights`` multiplies each token's surrogate by a fixed
+importance weight (the truncated sampler correction of :func:`truncated_importance_weights`).
+
+The advantages themselves (group baselines, turn rewards) are in :mod:`rlf_trainer.advantages`.
+
 Example:
     >>> import torch
-    >>> adv = group_advantages(torch.tensor([1.0, 0.0, 1.0, 1.0]), group_size=2)
-    >>> [round(a, 3) for a in adv.tolist()]
-    [0.707, -0.707, 0.0, 0.0]
-    >>> zero_variance_groups(torch.tensor([1.0, 0.0, 1.0, 1.0]), group_size=2).tolist()
-    [False, True]
+    >>> lp = torch.zeros(2, 3); mask = torch.ones(2, 3)
+    >>> loss, metrics = policy_loss("grpo", lp, lp, torch.tensor([1.0, -1.0]), mask)
+    >>> loss.item(), metrics["clip_fraction"].item()
+    (0.0, 0.0)
 """
 
 from __future__ import annotations
@@ -25,73 +31,8 @@ import torch
 from torch import Tensor
 
 LossVariant = Literal["grpo", "dr_grpo", "dapo", "gspo"]
+KLEstimatorName = Literal["k1", "k2", "k3"]
 Metrics = dict[str, Tensor]
-
-# ----------------------------------------------------------------------------------------------
-# Advantages and reward shaping
-# ----------------------------------------------------------------------------------------------
-
-
-def _grouped(rewards: Tensor, group_size: int) -> Tensor:
-    if group_size < 1 or rewards.numel() % group_size:
-        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
-    return rewards.reshape(-1, group_size).to(torch.promote_types(rewards.dtype, torch.float32))
-
-
-def group_advantages(
-    rewards: Tensor, group_size: int, *, normalize_std: bool = True, eps: float = 1e-6
-) -> Tensor:
-    """Group-relative advantages, in the shape of ``rewards`` (``[B*G]`` or ``[B, G]``).
-
-    GRPO:     ``A_i = (r_i - mean_g(r)) / (std_g(r) + eps)``  (``normalize_std=True``)
-    Dr. GRPO: ``A_i =  r_i - mean_g(r)``                      (``normalize_std=False``)
-
-    ``std`` is the unbiased (Bessel) group standard deviation, as TRL and verl use; a group of
-    one sample has advantage 0. A group whose rewards are all equal gets advantage 0 either way.
-
-    Example:
-        >>> group_advantages(torch.tensor([[2.0, 0.0]]), 2, normalize_std=False).tolist()
-        [[1.0, -1.0]]
-    """
-    grouped = _grouped(rewards, group_size)
-    centered = grouped - grouped.mean(dim=1, keepdim=True)
-    if normalize_std and group_size > 1:
-        centered = centered / (grouped.std(dim=1, keepdim=True) + eps)
-    return centered.reshape(rewards.shape)
-
-
-def zero_variance_groups(rewards: Tensor, group_size: int, *, atol: float = 0.0) -> Tensor:
-    """``bool[num_groups]``: True where every reward of the group is equal (within ``atol``).
-
-    Such a group has zero advantage everywhere and carries no gradient; DAPO's dynamic sampling
-    drops it and samples more prompts instead.
-    """
-    grouped = _grouped(rewards, group_size)
-    spread = grouped.max(dim=1).values - grouped.min(dim=1).values
-    return spread <= atol
-
-
-def overlong_penalty(lengths: Tensor, max_len: int, cache_len: int) -> Tensor:
-    """DAPO's soft overlong punishment, added to the reward of each response.
-
-    With ``L_max = max_len`` and ``L_cache = cache_len``::
-
-        R(y) = 0                                   if |y| <= L_max - L_cache
-             = ((L_max - L_cache) - |y|) / L_cache if L_max - L_cache < |y| <= L_max
-             = -1                                  if |y| > L_max
-
-    Example:
-        >>> overlong_penalty(torch.tensor([10, 15, 20, 25]), max_len=20, cache_len=10).tolist()
-        [0.0, -0.5, -1.0, -1.0]
-    """
-    if not 0 < cache_len <= max_len:
-        raise ValueError(f"need 0 < cache_len <= max_len, got cache_len={cache_len}, max_len={max_len}")
-    lengths = lengths.float()
-    soft_start = max_len - cache_len
-    ramp = (soft_start - lengths) / cache_len
-    penalty = torch.where(lengths <= soft_start, torch.zeros_like(lengths), ramp)
-    return torch.where(lengths > max_len, torch.full_like(lengths, -1.0), penalty)
-
 
 # ----------------------------------------------------------------------------------------------
 # Token log-probabilities, entropy and KL estimators
@@ -160,6 +101,9 @@ def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
     return torch.exp(log_rho) - 1 - log_rho
 
 
+KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+
+
 # ----------------------------------------------------------------------------------------------
 # Aggregation over masked tokens
 # ----------------------------------------------------------------------------------------------
@@ -210,32 +154,84 @@ def _clip_metrics(ratio: Tensor, adv: Tensor, mask: Tensor, eps_low: float, eps_
         return {"clip_fraction": masked_mean(clipped.float(), mask), "ratio_mean": masked_mean(ratio, mask)}
 
 
-def _approx_kl_old(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
-    """k3 estimate of KL(pi_old || pi) on the sampled tokens (CleanRL's ``approx_kl``), no gradient."""
+def approx_kl(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """k3 estimate of KL(pi_old || pi) on the sampled tokens (CleanRL's ``approx_kl``), no gradient.
+
+    The trainer's ``sampler_kl`` is this with the sampler's recorded logprobs as ``old_logp``.
+    """
     with torch.no_grad():
         log_ratio = _masked_log_ratio(logp, old_logp, mask)
         return masked_mean(torch.exp(log_ratio) - 1 - log_ratio, mask)
 
 
-def _kl_term(logp: Tensor, ref_logp: Tensor | None, beta: float, mask: Tensor) -> tuple[Tensor, Metrics]:
-    """Per-token ``beta * k3`` (zeros when ``beta == 0``: no reference model needed)."""
+def kl_penalty(
+    logp: Tensor, ref_logp: Tensor | None, beta: float, mask: Tensor, estimator: KLEstimatorName = "k3"
+) -> tuple[Tensor, Metrics]:
+    """Per-token ``beta * KL`` to the reference model with the chosen estimator; metric ``kl``.
+
+    Zeros (and no metric) when ``beta == 0``: no reference model is needed then. Untrained
+    positions count 0 (their ``ref_logp`` is replaced by ``logp``, see :func:`_masked_log_ratio`).
+
+    Example:
+        >>> lp = torch.zeros(1, 2); mask = torch.tensor([[1.0, 0.0]])
+        >>> per_token, metrics = kl_penalty(lp, lp - 1.0, 0.5, mask, "k1")
+        >>> per_token.tolist(), metrics["kl"].item()
+        ([[0.5, 0.0]], 1.0)
+    """
     if beta == 0.0:
         return torch.zeros_like(logp), {}
     if ref_logp is None:
         raise ValueError("beta > 0 needs ref_logp (log-probs of the reference model)")
-    kl = kl_k3(logp, torch.where(mask > 0, ref_logp, logp))  # 0 on untrained positions, see _masked_log_ratio
-    return beta * kl, {"kl_ref": masked_mean(kl.detach(), mask)}
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {sorted(KL_ESTIMATORS)}")
+    kl = KL_ESTIMATORS[estimator](logp, torch.where(mask > 0, ref_logp, logp))
+    return beta * kl, {"kl": masked_mean(kl.detach(), mask)}
+
+
+def truncated_importance_weights(
+    logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap: float
+) -> tuple[Tensor, Metrics]:
+    """Per-token ``min(pi_theta / pi_sampler, cap)``, detached: TIS, the off-policy correction.
+
+    The engine that sampled (vLLM, or the policy one step behind under ``rollout.overlap``) is not
+    exactly the model being trained. Weighting each token's surrogate by this ratio makes the
+    gradient an estimate under the trained policy again; the cap bounds its variance (Yao et al.,
+    "Your efficient RL framework secretly brings you off-policy RL training", 2025). Untrained
+    positions get weight 0. Metrics: ``tis/weight_mean`` and ``tis/capped_fraction``.
+
+    Example:
+        >>> w, m = truncated_importance_weights(torch.tensor([[0.0, 0.0]]), torch.tensor([[0.0, -2.0]]),
+        ...                                    torch.ones(1, 2), cap=2.0)
+        >>> w.tolist(), m["tis/capped_fraction"].item()
+        ([[1.0, 2.0]], 0.5)
+    """
+    with torch.no_grad():
+        ratio = torch.exp(_masked_log_ratio(logp.detach(), sampler_logp, mask))
+        weights = torch.clamp(ratio, max=cap) * mask.to(ratio.dtype)
+        metrics = {
+            "tis/weight_mean": masked_mean(weights, mask),
+            "tis/capped_fraction": masked_mean((ratio > cap).float(), mask),
+        }
+    return weights, metrics
 
 
 def _ppo_clip_per_token(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, eps_low: float, eps_high: float
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    eps_low: float,
+    eps_high: float,
+    token_weights: Tensor | None = None,
 ) -> tuple[Tensor, Metrics]:
-    # PPO surrogate, token by token:  -min(r A, clip(r, 1-eps_low, 1+eps_high) A)
+    # PPO surrogate, token by token:  -w min(r A, clip(r, 1-eps_low, 1+eps_high) A)
     ratio = torch.exp(_masked_log_ratio(logp, old_logp, mask))
     adv = _per_token_advantages(advantages, logp)
     surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv)
+    if token_weights is not None:
+        surrogate = surrogate * token_weights.detach()
     metrics = _clip_metrics(ratio, adv, mask, eps_low, eps_high)
-    metrics["approx_kl_old"] = _approx_kl_old(logp, old_logp, mask)
+    metrics["approx_kl_old"] = approx_kl(logp, old_logp, mask)
     return -surrogate, metrics
 
 
@@ -253,6 +249,8 @@ def grpo_loss(
     eps: float = 0.2,
     ref_logp: Tensor | None = None,
     beta: float = 0.0,
+    kl_estimator: KLEstimatorName = "k3",
+    token_weights: Tensor | None = None,
 ) -> tuple[Tensor, Metrics]:
     """GRPO (DeepSeekMath): PPO-clip per token, mean over each sequence's tokens, then over sequences.
 
@@ -264,8 +262,8 @@ def grpo_loss(
         >>> loss.item(), metrics["clip_fraction"].item()
         (-1.0, 0.0)
     """
-    per_token, metrics = _ppo_clip_per_token(logp, old_logp, advantages, loss_mask, eps, eps)
-    kl, kl_metrics = _kl_term(logp, ref_logp, beta, loss_mask)
+    per_token, metrics = _ppo_clip_per_token(logp, old_logp, advantages, loss_mask, eps, eps, token_weights)
+    kl, kl_metrics = kl_penalty(logp, ref_logp, beta, loss_mask, kl_estimator)
     return seq_mean_token_mean(per_token + kl, loss_mask), metrics | kl_metrics
 
 
@@ -279,6 +277,8 @@ def dr_grpo_loss(
     eps: float = 0.2,
     ref_logp: Tensor | None = None,
     beta: float = 0.0,
+    kl_estimator: KLEstimatorName = "k3",
+    token_weights: Tensor | None = None,
 ) -> tuple[Tensor, Metrics]:
     """Dr. GRPO: the GRPO surrogate summed over tokens and divided by a constant ``B * max_len``.
 
@@ -287,8 +287,8 @@ def dr_grpo_loss(
     Pair it with ``group_advantages(..., normalize_std=False)``; ``max_len`` is the generation
     budget (a constant, so long and short answers weigh per token the same).
     """
-    per_token, metrics = _ppo_clip_per_token(logp, old_logp, advantages, loss_mask, eps, eps)
-    kl, kl_metrics = _kl_term(logp, ref_logp, beta, loss_mask)
+    per_token, metrics = _ppo_clip_per_token(logp, old_logp, advantages, loss_mask, eps, eps, token_weights)
+    kl, kl_metrics = kl_penalty(logp, ref_logp, beta, loss_mask, kl_estimator)
     return token_sum_over_constant(per_token + kl, loss_mask, max_len), metrics | kl_metrics
 
 
@@ -302,13 +302,17 @@ def dapo_loss(
     eps_high: float = 0.28,
     ref_logp: Tensor | None = None,
     beta: float = 0.0,
+    kl_estimator: KLEstimatorName = "k3",
+    token_weights: Tensor | None = None,
 ) -> tuple[Tensor, Metrics]:
     """DAPO: clip-higher (``eps_high > eps_low``) and a token-level mean over all tokens of the batch.
 
     ``L = 1/sum_i |o_i| sum_i sum_t [ -min(r_it A_i, clip(r_it, 1-eps_low, 1+eps_high) A_i) + beta k3_it ]``
     """
-    per_token, metrics = _ppo_clip_per_token(logp, old_logp, advantages, loss_mask, eps_low, eps_high)
-    kl, kl_metrics = _kl_term(logp, ref_logp, beta, loss_mask)
+    per_token, metrics = _ppo_clip_per_token(
+        logp, old_logp, advantages, loss_mask, eps_low, eps_high, token_weights
+    )
+    kl, kl_metrics = kl_penalty(logp, ref_logp, beta, loss_mask, kl_estimator)
     return masked_mean(per_token + kl, loss_mask), metrics | kl_metrics
 
 
@@ -322,6 +326,8 @@ def gspo_loss(
     eps_high: float = 4e-4,
     ref_logp: Tensor | None = None,
     beta: float = 0.0,
+    kl_estimator: KLEstimatorName = "k3",
+    token_weights: Tensor | None = None,
 ) -> tuple[Tensor, Metrics]:
     """GSPO: one importance ratio per sequence, the geometric mean of its token ratios.
 
@@ -338,12 +344,14 @@ def gspo_loss(
     seq_ratio = torch.exp(_masked_log_ratio(logp, old_logp, mask).sum(dim=-1) / token_count)
     clipped_ratio = torch.clamp(seq_ratio, 1 - eps_low, 1 + eps_high)
     per_sequence = -torch.minimum(seq_ratio * advantages, clipped_ratio * advantages)
-    kl, kl_metrics = _kl_term(logp, ref_logp, beta, loss_mask)
+    if token_weights is not None:  # one weight per sequence: the mean of its tokens' weights
+        per_sequence = per_sequence * (token_weights.detach() * mask).sum(dim=-1) / token_count
+    kl, kl_metrics = kl_penalty(logp, ref_logp, beta, loss_mask, kl_estimator)
     loss = per_sequence.mean() + (seq_mean_token_mean(kl, loss_mask) if beta else 0.0)
     has_tokens = (loss_mask.sum(dim=-1) > 0).float().unsqueeze(-1)
     # GSPO's clip fraction and mean ratio count sequences, not tokens.
     metrics = _clip_metrics(seq_ratio.unsqueeze(-1), advantages.unsqueeze(-1), has_tokens, eps_low, eps_high)
-    metrics["approx_kl_old"] = _approx_kl_old(logp, old_logp, loss_mask)
+    metrics["approx_kl_old"] = approx_kl(logp, old_logp, loss_mask)
     return loss, metrics | kl_metrics
 
 
@@ -359,13 +367,15 @@ def policy_loss(
     max_len: int | None = None,
     ref_logp: Tensor | None = None,
     beta: float = 0.0,
+    kl_estimator: KLEstimatorName = "k3",
+    token_weights: Tensor | None = None,
 ) -> tuple[Tensor, Metrics]:
     """Dispatch to one of the losses above by name, with each variant's default clip range.
 
     ``eps_low``/``eps_high`` default per variant (grpo/dr_grpo: 0.2/0.2, dapo: 0.2/0.28,
     gspo: 3e-4/4e-4); grpo and dr_grpo use a symmetric ``eps_low`` (``eps_high`` must match or be None).
     ``max_len`` is required for dr_grpo. Metrics: ``clip_fraction``, ``ratio_mean``,
-    ``approx_kl_old`` and, when ``beta > 0``, ``kl_ref``; all detached scalar tensors.
+    ``approx_kl_old`` and, when ``beta > 0``, ``kl``; all detached scalar tensors.
 
     Example:
         >>> lp = torch.zeros(2, 3); mask = torch.ones(2, 3)
@@ -373,7 +383,12 @@ def policy_loss(
         >>> loss.item(), sorted(metrics)
         (0.0, ['approx_kl_old', 'clip_fraction', 'ratio_mean'])
     """
-    common = {"ref_logp": ref_logp, "beta": beta}
+    common = {
+        "ref_logp": ref_logp,
+        "beta": beta,
+        "kl_estimator": kl_estimator,
+        "token_weights": token_weights,
+    }
     if variant in ("grpo", "dr_grpo"):
         eps = 0.2 if eps_low is None else eps_low
         if eps_high is not None and eps_high != eps:

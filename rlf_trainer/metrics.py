@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from rlf_trainer.rollout import EpisodeStats
+from rlf_trainer.trajectory import EpisodeStats
 
 
 def rollout_metrics(stats: Sequence[EpisodeStats], prefix: str = "") -> dict[str, float]:
@@ -55,6 +55,12 @@ def rollout_metrics(stats: Sequence[EpisodeStats], prefix: str = "") -> dict[str
     answered = [s.answered for s in stats if s.answered is not None]
     if answered:
         out["answered_rate"] = float(np.mean(answered))
+    if any(s.user_turns or s.sim_error for s in stats):  # dialogue envs (a user simulator)
+        out["user_turns"] = float(np.mean([s.user_turns for s in stats]))
+        flagged = Counter(s.sim_error for s in stats if s.sim_error)
+        out["sim_errors"] = float(sum(flagged.values()))
+        for kind, count in sorted(flagged.items()):
+            out[f"sim_errors/{kind}"] = float(count)
     reasons = Counter(s.finish_reason for s in stats)
     for reason, count in sorted(reasons.items()):
         out[f"finish/{reason}"] = count / len(stats)
@@ -143,6 +149,8 @@ def sample_records(
                 "tool_calls": stats.tool_calls,
                 "finish_reason": stats.finish_reason,
                 "response_length": stats.response_length,
+                "user_turns": stats.user_turns,
+                "sim_error": stats.sim_error,
             }
         )
     return records

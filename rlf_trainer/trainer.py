@@ -1,15 +1,8 @@
-"""GRPOTrainer: the Accelerate loop of rollouts, group advantages and clipped policy-gradient updates.
+"""GRPOTrainer: the plumbing around the GRPO step (setup, checkpoints, logging, evaluation).
 
-One step, top to bottom (:meth:`GRPOTrainer.train_step`):
-
-1. draw ``rollout.prompts_per_step`` train prompts (this process takes its share) and play
-   ``group_size`` episodes of each in the vector env with the policy (:func:`rollout.run_rollout`);
-2. advantages ``A = (r - mean_group) / std_group`` (:func:`losses.group_advantages`); with
-   ``algorithm.dynamic_sampling`` the groups whose rewards are all equal are dropped (DAPO);
-3. the batch is split into ``optim.gradient_accumulation_steps`` micro-batches; each does one
-   forward pass, token log-probs ``log softmax(logits)[token]`` at temperature 1 (the definition the
-   policy records), the chosen loss (+ ``beta * KL`` to the reference model) and a backward;
-4. clip the gradient norm, optimizer and LR-scheduler step, push the weights to a vLLM policy.
+The step itself, rollout -> advantages -> micro-batched loss -> optimizer step -> weight sync,
+reads top to bottom in :mod:`rlf_trainer.grpo`; :meth:`GRPOTrainer.train_step` calls it with the
+:class:`~rlf_trainer.grpo.StepParts` built here once (model, optimizer, scheduler, policy, envs).
 
 Everything random in a step is a function of ``(seed, step)`` (see :mod:`rlf_trainer.checkpoint`),
 so resuming from a checkpoint reproduces the steps of an uninterrupted run.
@@ -23,13 +16,12 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import logging
 import math
 import os
 import sys
-import time
-from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -39,20 +31,8 @@ import torch
 from accelerate.utils import gather_object
 
 from rlf_trainer import checkpoint as ckpt
+from rlf_trainer import grpo
 from rlf_trainer.config import Config, ConfigError, dump_config
-from rlf_trainer.losses import (
-    group_advantages,
-    kl_k1,
-    kl_k2,
-    kl_k3,
-    masked_mean,
-    policy_loss,
-    selective_log_softmax,
-    seq_mean_token_mean,
-    token_entropy,
-    token_sum_over_constant,
-    zero_variance_groups,
-)
 from rlf_trainer.metrics import (
     MetricsHistory,
     append_jsonl,
@@ -60,13 +40,10 @@ from rlf_trainer.metrics import (
     rollout_metrics,
     sample_records,
 )
-from rlf_trainer.policy.base import Policy, SamplingParams, inference_state_dict
-from rlf_trainer.rollout import EpisodeStats, RolloutBatch, run_rollout
+from rlf_trainer.policy.base import Policy, inference_state_dict
+from rlf_trainer.trajectory import EpisodeStats, RolloutBatch
 
 logger = logging.getLogger(__name__)
-
-KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
-_ENTROPY_CHUNK = 1024  # token rows per entropy chunk: bounds the [rows, vocab] softmax
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -133,6 +110,22 @@ def import_object(spec: str) -> Any:
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"cannot import {spec!r}: {exc}") from exc
     return obj
+
+
+def progress_line(step: int, max_steps: int, metrics: dict[str, float]) -> str:
+    """The line a step prints when stdout is not a terminal.
+
+    Example:
+        >>> progress_line(3, 12, {"reward/mean": 0.5, "time/step": 41.96, "eval/reward": 1.0})
+        'GRPO step 3/12  reward 0.500  eval 1.000  42.0 s/step  ~6.3 min to go'
+    """
+    parts = [f"GRPO step {step}/{max_steps}", f"reward {metrics.get('reward/mean', float('nan')):.3f}"]
+    if "eval/reward" in metrics:
+        parts.append(f"eval {metrics['eval/reward']:.3f}")
+    if "time/step" in metrics:
+        left_s = metrics["time/step"] * (max_steps - step)
+        parts.append(f"{metrics['time/step']:.1f} s/step  ~{left_s / 60:.1f} min to go")
+    return "  ".join(parts)
 
 
 def env_kwargs(config: Config) -> dict[str, Any]:
@@ -248,6 +241,20 @@ class GRPOTrainer:
         try:  # the envs run tool-server processes: never leave them behind on a failed start
             self.sampler = ckpt.PromptSampler(self._num_train_tasks(), config.seed)
             self.policy: Policy = self._make_policy()
+            self.parts = grpo.StepParts(
+                config=config,
+                accelerator=acc,
+                model=self.model,
+                ref_model=self.ref_model,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                policy=self.policy,
+                envs=self.envs,
+                sampler=self.sampler,
+                local_prompts=self.local_prompts,
+                sync_weights=self._sync_policy_weights,
+            )
+            self.prefetch = grpo.Prefetch() if config.rollout.overlap else None
             self._resume()
             acc.init_trackers("tensorboard", config=_flat_hparams(config.to_dict()))
         except BaseException:
@@ -394,60 +401,22 @@ class GRPOTrainer:
         return self.history
 
     def train_step(self) -> dict[str, float]:
-        """One rollout + one optimizer step. Returns this step's metrics (averaged over processes)."""
-        cfg, acc = self.config, self.accelerator
-        started = time.perf_counter()
-        prompts = self.sampler.indices(self.step, cfg.rollout.prompts_per_step)
-        local = prompts[acc.process_index * self.local_prompts : (acc.process_index + 1) * self.local_prompts]
-        sampling = SamplingParams(
-            max_new_tokens=cfg.rollout.max_new_tokens,
-            temperature=cfg.rollout.temperature,
-            top_p=cfg.rollout.top_p,
-            top_k=cfg.rollout.top_k,
-            seed=ckpt.step_seed(cfg.seed, self.step, acc.process_index),
+        """One GRPO step (:func:`rlf_trainer.grpo.train_step`); returns its metrics (mean over processes)."""
+        cfg = self.config
+        next_step = self.step + 1
+        # Overlap never reaches across an eval or a checkpoint: the step after one samples
+        # on-policy, exactly as a run resumed from that checkpoint does.
+        prefetch_next = (
+            self.prefetch is not None
+            and next_step < cfg.max_steps
+            and not eval_due(next_step, cfg.eval.every, cfg.max_steps)
+            and not (cfg.checkpoint.every and next_step % cfg.checkpoint.every == 0)
         )
-        self.policy.wake_up()
-        batch = run_rollout(
-            self.envs,
-            self.policy,
-            local,
-            group_size=self.group_size,
-            sampling=sampling,
-            max_total_tokens=cfg.rollout.max_total_tokens,
-            split=cfg.env.train_split,
-        )
-        self.policy.sleep()
+        batch, metrics = grpo.train_step(self.parts, self.step, self.prefetch, prefetch_next=prefetch_next)
+        self.step = next_step
         self.last_batch = batch
-
-        normalize = cfg.algorithm.normalize_std
-        if normalize is None:
-            normalize = cfg.algorithm.loss != "dr_grpo"
-        advantages = group_advantages(batch.rewards, self.group_size, normalize_std=normalize)
-        flat = zero_variance_groups(batch.rewards, self.group_size)
-        keep = list(range(len(batch)))
-        if cfg.algorithm.dynamic_sampling:
-            keep = [i for i in keep if not bool(flat[i // self.group_size])]
-
-        train_started = time.perf_counter()
-        update = self._update(batch, advantages, keep)
-        if cfg.policy.backend == "vllm":
-            self._sync_policy_weights()
-        train_s = time.perf_counter() - train_started
-        self.step += 1
-
-        metrics = rollout_metrics(batch.stats)
-        metrics.update(update)
-        metrics["groups/zero_variance"] = float(flat.float().mean())
-        metrics["kept_episodes"] = float(len(keep))
-        metrics["time/generate"] = batch.timings["generate"]
-        metrics["time/tools"] = batch.timings["tools+reward"]  # env.step wall: tool calls + reward
-        metrics["time/tokenize"] = batch.timings["tokenize"]
-        metrics["time/train"] = train_s
-        step_s = time.perf_counter() - started
-        metrics["time/step"] = step_s
-        metrics["samples/s"] = len(batch) * acc.num_processes / step_s
         metrics = self._mean_over_processes(metrics)
-        if cfg.logging.samples_jsonl and cfg.logging.samples_per_step and acc.is_main_process:
+        if cfg.logging.samples_jsonl and cfg.logging.samples_per_step and self.accelerator.is_main_process:
             append_jsonl(
                 self.run_dir / "train_samples.jsonl",
                 sample_records(
@@ -459,123 +428,6 @@ class GRPOTrainer:
                 ),
             )
         return metrics
-
-    def _update(self, batch: RolloutBatch, advantages: torch.Tensor, keep: list[int]) -> dict[str, float]:
-        """Micro-batched forward/backward over the kept episodes, then one optimizer step."""
-        cfg, acc = self.config, self.accelerator
-        # The effective value: a DeepSpeed config or ACCELERATE_GRADIENT_ACCUMULATION_STEPS may override ours.
-        steps = acc.gradient_accumulation_steps
-        kept_total = acc.reduce(torch.tensor(float(len(keep)), device=acc.device), reduction="sum")
-        if float(kept_total) == 0.0:  # every group of every process had equal rewards: no signal at all
-            return {"skipped_update": 1.0, "lr": self.scheduler.get_last_lr()[0]}
-        kept_tokens = float(batch.loss_mask[keep, 1:].sum()) if keep else 0.0
-        sums: dict[str, float] = defaultdict(float)
-        grad_norm: float | None = None
-        self.model.train()
-        acc.step = 0  # Accelerate's micro-step counter: this optimizer step is exactly `steps` micro-batches
-        for rows in np.array_split(np.array(keep, dtype=np.int64), steps):
-            dummy = len(rows) == 0
-            # Every process runs the same number of forward/backward passes (collectives stay in step);
-            # a process with nothing left runs one row with weight 0.
-            micro = batch.select([0] if dummy else rows.tolist()).to(acc.device)
-            adv = advantages[[0] if dummy else rows.tolist()].to(acc.device)
-            if dummy:
-                weight = 0.0
-            elif cfg.algorithm.loss == "dapo":  # token-level mean over the whole batch
-                weight = float(micro.loss_mask[:, 1:].sum()) / max(kept_tokens, 1.0)
-            else:  # per-sequence means, averaged over the batch's sequences
-                weight = len(rows) / len(keep)
-            with acc.accumulate(self.model):
-                loss, micro_metrics = self._micro_loss(micro, adv)
-                # accelerate / DeepSpeed divide by the accumulation steps; undo it: the weights sum to 1.
-                acc.backward(loss * (weight * steps))
-                if acc.sync_gradients and cfg.optim.max_grad_norm > 0:
-                    norm = acc.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)
-                    grad_norm = float(norm) if norm is not None else None
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-            for key, value in micro_metrics.items():
-                sums[key] += value * weight
-        if not acc.sync_gradients:  # pragma: no cover - the loop always runs exactly `steps` micro-batches
-            raise RuntimeError("gradient accumulation went out of step with the micro-batches")
-        lr = self.scheduler.get_last_lr()[0]
-        self.scheduler.step()
-        out = dict(sums)
-        out["lr"] = lr
-        if grad_norm is not None:
-            out["grad_norm"] = grad_norm
-        return out
-
-    def _micro_loss(
-        self, micro: RolloutBatch, advantages: torch.Tensor
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        cfg = self.config
-        algo = cfg.algorithm
-        targets = micro.input_ids[:, 1:]
-        mask = micro.loss_mask[:, 1:].float()
-        logits = self.model(
-            input_ids=micro.input_ids, attention_mask=micro.attention_mask, use_cache=False
-        ).logits
-        logits = logits[:, :-1]
-        # Temperature 1: the policy records raw logprobs, whatever temperature it sampled with.
-        logp = selective_log_softmax(logits, targets)
-        rollout_logp = micro.old_logprobs[:, 1:]
-        old_logp = logp.detach() if algo.old_logprobs == "recompute" else rollout_logp
-        loss, metrics = policy_loss(
-            algo.loss,
-            logp,
-            old_logp,
-            advantages,
-            mask,
-            eps_low=algo.clip_eps_low,
-            eps_high=algo.clip_eps_high,
-            max_len=cfg.rollout.max_total_tokens,
-        )
-        out = {"loss": 0.0, **{k: float(v) for k, v in metrics.items()}}
-        if algo.beta > 0:
-            ref_logp = self._reference_logprobs(micro, targets)
-            kl = KL_ESTIMATORS[algo.kl_estimator](logp, ref_logp)
-            loss = loss + algo.beta * self._aggregate(kl, mask)
-            out["kl"] = float(masked_mean(kl.detach(), mask))
-        with torch.no_grad():
-            log_ratio = logp.detach() - rollout_logp
-            out["sampler_kl"] = float(masked_mean(torch.exp(log_ratio) - 1 - log_ratio, mask))
-            out["entropy"] = self._masked_entropy(logits.detach(), mask)
-        out["loss"] = float(loss.detach())
-        return loss, out
-
-    def _aggregate(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """The KL term aggregated like the variant's policy loss, so the micro-batch weights apply to both."""
-        loss = self.config.algorithm.loss
-        if loss == "dapo":
-            return masked_mean(values, mask)
-        if loss == "dr_grpo":
-            return token_sum_over_constant(values, mask, self.config.rollout.max_total_tokens)
-        return seq_mean_token_mean(values, mask)
-
-    def _reference_logprobs(self, micro: RolloutBatch, targets: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            if self.ref_model is not None:
-                logits = self.ref_model(
-                    input_ids=micro.input_ids, attention_mask=micro.attention_mask, use_cache=False
-                ).logits
-            else:  # LoRA: the reference is the base model, adapters switched off
-                with self.accelerator.unwrap_model(self.model).disable_adapter():
-                    logits = self.model(
-                        input_ids=micro.input_ids, attention_mask=micro.attention_mask, use_cache=False
-                    ).logits
-            return selective_log_softmax(logits[:, :-1], targets)
-
-    @staticmethod
-    def _masked_entropy(logits: torch.Tensor, mask: torch.Tensor) -> float:
-        rows = logits[mask.bool()]
-        if rows.shape[0] == 0:
-            return 0.0
-        total = sum(
-            float(token_entropy(rows[i : i + _ENTROPY_CHUNK]).sum())
-            for i in range(0, rows.shape[0], _ENTROPY_CHUNK)
-        )
-        return total / rows.shape[0]
 
     def _sync_policy_weights(self) -> None:
         """Give a non-shared policy (vLLM) the current weights; sharded models are gathered first."""
@@ -614,20 +466,13 @@ class GRPOTrainer:
         for chunk_start in range(0, len(mine), num_envs):
             chunk = mine[chunk_start : chunk_start + num_envs]
             padded = chunk + [chunk[-1]] * (num_envs - len(chunk))
-            batch = run_rollout(
-                self.envs,
-                self.policy,
-                padded,
-                group_size=1,
-                sampling=SamplingParams(
-                    max_new_tokens=cfg.rollout.max_new_tokens,
-                    temperature=cfg.eval.temperature,
-                    top_p=cfg.eval.top_p,
-                    seed=ckpt.step_seed(cfg.seed, self.step, acc.process_index, 1 << 20, chunk_start),
-                ),
-                max_total_tokens=cfg.rollout.max_total_tokens,
-                split=cfg.env.test_split,
+            sampling = grpo.sampling_params(
+                cfg,
+                ckpt.step_seed(cfg.seed, self.step, acc.process_index, 1 << 20, chunk_start),
+                temperature=cfg.eval.temperature,
             )
+            sampling = dataclasses.replace(sampling, top_p=cfg.eval.top_p, top_k=0)
+            batch = grpo.play(self.parts, padded, sampling, cfg.env.test_split, group_size=1)
             stats.extend(batch.stats[: len(chunk)])
             transcripts.extend(batch.transcripts[: len(chunk)])
         self.policy.sleep()
@@ -719,11 +564,13 @@ class GRPOTrainer:
 
     @contextlib.contextmanager
     def _progress(self) -> Iterator[Callable[[dict[str, float]], None]]:
-        enabled = (
-            self.config.logging.progress_bar and self.accelerator.is_main_process and sys.stdout.isatty()
-        )
-        if not enabled:
+        """A rich bar on a terminal; one line a step otherwise (logs, pipes, CI), so no run is silent."""
+        if not (self.config.logging.progress_bar and self.accelerator.is_main_process):
             yield lambda metrics: None
+            return
+        if not sys.stdout.isatty():
+            print(f"GRPO: {self.config.max_steps - self.step} steps to go, a line after each", flush=True)
+            yield lambda metrics: print(progress_line(self.step, self.config.max_steps, metrics), flush=True)
             return
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -750,6 +597,8 @@ class GRPOTrainer:
         if getattr(self, "_closed", False):
             return
         self._closed = True
+        if getattr(self, "prefetch", None) is not None:
+            self.prefetch.close()
         self.policy.close()  # first: a vLLM engine needs the process group that end_training destroys
         self.accelerator.end_training()
         self.envs.close()

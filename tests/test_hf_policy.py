@@ -9,9 +9,7 @@ import torch
 
 from rlf_trainer.policy import Completion, HFPolicy, Policy, SamplingParams, inference_state_dict
 from rlf_trainer.policy.base import stop_ids_for
-from tests.trainer_fixtures import forward_logprobs
-
-pytest_plugins = ["tests.trainer_fixtures"]
+from tests.helpers import forward_logprobs
 
 
 def test_is_a_policy(tiny_model, tiny_tokenizer):

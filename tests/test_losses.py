@@ -9,21 +9,21 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rlf_trainer.advantages import group_advantages, overlong_penalty, zero_variance_groups
 from rlf_trainer.losses import (
     dapo_loss,
     dr_grpo_loss,
-    group_advantages,
     grpo_loss,
     gspo_loss,
     kl_k1,
     kl_k2,
     kl_k3,
-    overlong_penalty,
+    kl_penalty,
     policy_loss,
     selective_log_softmax,
     seq_mean_token_mean,
     token_entropy,
-    zero_variance_groups,
+    truncated_importance_weights,
 )
 
 # ---------------------------------------------------------------- advantages
@@ -215,7 +215,7 @@ def test_kl_penalty_is_added_per_token_and_reported():
     with_kl, metrics = grpo_loss(logp, old, ADV, MASK, ref_logp=ref, beta=0.5)
     k3 = kl_k3(logp, ref)
     assert with_kl.item() == pytest.approx(base.item() + 0.5 * seq_mean_token_mean(k3, MASK).item(), abs=1e-6)
-    assert metrics["kl_ref"].item() == pytest.approx(((k3 * MASK).sum() / MASK.sum()).item(), abs=1e-6)
+    assert metrics["kl"].item() == pytest.approx(((k3 * MASK).sum() / MASK.sum()).item(), abs=1e-6)
     with pytest.raises(ValueError, match="ref_logp"):
         grpo_loss(logp, old, ADV, MASK, beta=0.1)
 
@@ -276,3 +276,41 @@ def test_policy_loss_rejects_bad_configurations():
         policy_loss("grpo", logp, old, ADV, MASK, eps_low=0.2, eps_high=0.3)
     with pytest.raises(ValueError, match="unknown loss variant"):
         policy_loss("ppo", logp, old, ADV, MASK)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- one KL, importance weights
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_every_loss_adds_the_chosen_kl_estimator_like_its_own_surrogate(estimator):
+    logp, old = _logps()
+    ref = old - 0.3
+    per_token, metrics = kl_penalty(logp, ref, 0.5, MASK, estimator)
+    expected = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}[estimator](logp, ref) * MASK
+    assert torch.allclose(per_token * MASK, 0.5 * expected)
+    assert metrics["kl"].item() == pytest.approx(expected.sum().item() / MASK.sum().item(), abs=1e-6)
+    for variant, aggregate in [
+        ("grpo", lambda v: seq_mean_token_mean(v, MASK)),
+        ("dapo", lambda v: (v * MASK).sum() / MASK.sum()),
+        ("dr_grpo", lambda v: (v * MASK).sum() / (v.shape[0] * 10)),
+    ]:
+        base, _ = policy_loss(variant, logp, old, ADV, MASK, max_len=10)
+        with_kl, m = policy_loss(
+            variant, logp, old, ADV, MASK, max_len=10, ref_logp=ref, beta=0.5, kl_estimator=estimator
+        )
+        assert with_kl.item() == pytest.approx(base.item() + aggregate(per_token).item(), abs=1e-6)
+        assert m["kl"].item() == pytest.approx(metrics["kl"].item())
+
+
+def test_truncated_importance_weights_scale_each_tokens_gradient():
+    # sampler logprobs 0.5 and 2.0 below the trainer's: ratios e^0.5 = 1.65 and e^2 = 7.39 -> cap 2
+    logp = torch.zeros(1, 3, requires_grad=True)
+    sampler = torch.tensor([[-0.5, -2.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    weights, metrics = truncated_importance_weights(logp, sampler, mask, cap=2.0)
+    assert weights.tolist()[0] == pytest.approx([math.exp(0.5), 2.0, 0.0], abs=1e-6)
+    assert metrics["tis/capped_fraction"].item() == pytest.approx(0.5)
+    # Recomputed pi_old = pi_theta (ratio 1): d loss / d logp_t = -w_t * A / |o| per token.
+    loss, _ = grpo_loss(logp, logp.detach(), torch.tensor([1.0]), mask, token_weights=weights)
+    loss.backward()
+    assert logp.grad[0].tolist() == pytest.approx([-math.exp(0.5) / 2, -2.0 / 2, 0.0], abs=1e-6)

@@ -22,9 +22,7 @@ from rlf_trainer.models import (
     prepare_smollm2,
 )
 from rlf_trainer.policy import HFPolicy, SamplingParams
-from tests.trainer_fixtures import TINY_MODEL_KWARGS
-
-pytest_plugins = ["tests.trainer_fixtures"]
+from tests.helpers import TINY_MODEL_KWARGS
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,12 +1,16 @@
-"""rlf_trainer.rollout on a real ToolUse-v0 vector env (python tool) with the tiny Qwen3.
+"""Both rollouts (lockstep and async) on a real ToolUse-v0 vector env (python tool) with the tiny Qwen3.
 
 Token-exactness: every episode's sequence is prompt ids + generated ids + tool-delta ids, with loss
-mask 1 exactly on the generated ids and the sampler's logprobs there.
+mask 1 exactly on the generated ids and the sampler's logprobs there. Every test runs through
+``run_rollout`` (one batched generate per turn) and ``run_async_rollout`` (one coroutine per
+episode; these sync policies are adapted by ``as_async_policy``, one request at a time).
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
+import threading
 from collections import defaultdict
 
 import gymnasium as gym
@@ -15,6 +19,7 @@ import torch
 
 import rlf_envs  # noqa: F401  (registers the env ids)
 from rlf_trainer import chat
+from rlf_trainer.advantages import token_advantages
 from rlf_trainer.policy import Completion, HFPolicy, SamplingParams
 from rlf_trainer.rollout import (
     FINISH_ANSWER,
@@ -24,8 +29,10 @@ from rlf_trainer.rollout import (
     run_rollout,
     turn_end_id,
 )
+from rlf_trainer.rollout_async import run_async_rollout
 
-pytest_plugins = ["tests.trainer_fixtures"]
+ROLLOUTS = {"lockstep": run_rollout, "async": run_async_rollout}
+rollout_modes = pytest.mark.parametrize("mode", sorted(ROLLOUTS))
 
 TASKS = [{"id": f"q{i}", "question": f"What is {i} squared?", "answer": str(i * i)} for i in range(6)]
 
@@ -132,11 +139,13 @@ def segments(mask: list[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
-def test_replayed_tool_turn_is_token_exact(tiny_model, tiny_tokenizer):
+@rollout_modes
+def test_replayed_tool_turn_is_token_exact(mode, tiny_model, tiny_tokenizer):
+    rollout = ROLLOUTS[mode]
     policy = ReplayPolicy(tiny_model, tiny_tokenizer, tool_then_answer)
     envs = make_envs(4)
     try:
-        batch = run_rollout(
+        batch = rollout(
             envs,
             policy,
             [3, 1],
@@ -184,15 +193,21 @@ def test_replayed_tool_turn_is_token_exact(tiny_model, tiny_tokenizer):
     assert torch.allclose(lp[g1 : g1 + len(gen1)], torch.tensor(replayed[0].logprobs))
     assert torch.count_nonzero(lp[batch.loss_mask[0, :length] == 0]) == 0
     assert torch.all(lp[g2 : g2 + len(gen2)] < 0)
-    # one generate call per turn, over the still-active envs only
-    assert [len(prompts) for prompts, _ in policy.calls] == [4, 2]
+    if mode == "lockstep":  # one generate call per turn, over the still-active envs only
+        assert [len(prompts) for prompts, _ in policy.calls] == [4, 2]
+    else:  # one request per turn of each episode: 4 first turns, 2 second turns
+        assert [len(prompts) for prompts, _ in policy.calls] == [1] * 6
+        assert batch.timings["critical_path"] <= batch.timings["total"]
+        assert [len(t.generate_s) for t in batch.timelines] == [2, 2, 1, 1]
 
 
-def test_sampled_episodes_are_token_exact(tiny_model, tiny_tokenizer):
+@rollout_modes
+def test_sampled_episodes_are_token_exact(mode, tiny_model, tiny_tokenizer):
+    rollout = ROLLOUTS[mode]
     policy = RecordingPolicy(tiny_model, tiny_tokenizer, forced_question="What is 2 squared?")
     envs = make_envs(6, max_turns=3)
     try:
-        batch = run_rollout(
+        batch = rollout(
             envs,
             policy,
             [0, 2, 5],
@@ -236,7 +251,9 @@ def test_sampled_episodes_are_token_exact(tiny_model, tiny_tokenizer):
     assert batch.timings["generate"] > 0 and batch.timings["tools+reward"] > 0
 
 
-def test_token_budget_force_finishes_episodes(tiny_model, tiny_tokenizer):
+@rollout_modes
+def test_token_budget_force_finishes_episodes(mode, tiny_model, tiny_tokenizer):
+    rollout = ROLLOUTS[mode]
     tok = tiny_tokenizer
     policy = ReplayPolicy(tiny_model, tok, tool_then_answer)
     envs = make_envs(2)
@@ -246,7 +263,7 @@ def test_token_budget_force_finishes_episodes(tiny_model, tiny_tokenizer):
         gen1 = chat.encode(tok, tool_then_answer("What is 3 squared?<|im_start|>assistant"))
         # Room for the tool call but not for its result: the episode ends after turn 1.
         budget = prompt_len + len(gen1) + 5
-        batch = run_rollout(
+        batch = rollout(
             envs,
             policy,
             [3],
@@ -261,7 +278,7 @@ def test_token_budget_force_finishes_episodes(tiny_model, tiny_tokenizer):
         assert batch.transcripts[0][-1] == {"role": "assistant", "content": ""}
 
         # A turn longer than the budget is cut there; the env never sees the partial text.
-        batch = run_rollout(
+        batch = rollout(
             envs,
             policy,
             [3],
@@ -276,19 +293,116 @@ def test_token_budget_force_finishes_episodes(tiny_model, tiny_tokenizer):
         envs.close()
 
 
-def test_contract_violations_are_rollout_errors(tiny_model, tiny_tokenizer):
+@rollout_modes
+def test_contract_violations_are_rollout_errors(mode, tiny_model, tiny_tokenizer):
+    rollout = ROLLOUTS[mode]
     policy = ReplayPolicy(tiny_model, tiny_tokenizer, tool_then_answer)
     envs = gym.make_vec(
         "RLF/ToolUse-v0", num_envs=2, tasks=TASKS, python_tools=[square]
     )  # NextStep autoreset
     try:
         with pytest.raises(RolloutError, match="autoreset_mode='Disabled'"):
-            run_rollout(envs, policy, [0], group_size=2, sampling=SamplingParams(), max_total_tokens=512)
+            rollout(envs, policy, [0], group_size=2, sampling=SamplingParams(), max_total_tokens=512)
     finally:
         envs.close()
     envs = make_envs(4)
     try:
         with pytest.raises(RolloutError, match="num_envs = prompts x group_size"):
-            run_rollout(envs, policy, [0], group_size=2, sampling=SamplingParams(), max_total_tokens=512)
+            rollout(envs, policy, [0], group_size=2, sampling=SamplingParams(), max_total_tokens=512)
     finally:
         envs.close()
+
+
+GATE = threading.Event()
+
+
+async def gate(n: int) -> str:
+    """Return at once, except for n == 3: wait (up to 10 s) until another episode starts its next turn.
+
+    Args:
+        n: the number
+    """
+    if n != 3:
+        return "open"
+    return "opened" if await asyncio.to_thread(GATE.wait, 10.0) else "still closed"
+
+
+def gate_script(prompt_text: str) -> str:
+    n = int(re.search(r"What is (\d+) squared", prompt_text).group(1))
+    if prompt_text.count("<|im_start|>assistant") == 1:
+        return f'<tool_call>\n{{"name": "gate", "arguments": {{"n": {n}}}}}\n</tool_call><|im_end|>'
+    if n == 4:
+        GATE.set()  # episode "4" is generating its second turn
+    return f"<answer>{n * n}</answer><|im_end|>"
+
+
+@rollout_modes
+def test_async_episodes_do_not_wait_for_each_others_tools(mode, tiny_model, tiny_tokenizer):
+    """Episode 3's tool waits for episode 4's second turn: only the async rollout lets that happen."""
+    GATE.clear()
+    policy = ReplayPolicy(tiny_model, tiny_tokenizer, gate_script)
+    envs = gym.make_vec(
+        "RLF/ToolUse-v0", num_envs=2, tasks=TASKS, reward="exact_match", python_tools=[gate],
+        autoreset_mode="Disabled", tool_timeout_s=30,
+    )  # fmt: skip
+    try:
+        batch = ROLLOUTS[mode](
+            envs,
+            policy,
+            [3, 4],
+            group_size=1,
+            sampling=SamplingParams(max_new_tokens=64),
+            max_total_tokens=1024,
+        )
+    finally:
+        envs.close()
+    gate_result = batch.transcripts[0][3]["content"]
+    # lockstep: episode 4's second turn waits for the batch's slowest tool call, so the gate times out
+    assert gate_result == ("opened" if mode == "async" else "still closed")
+    assert batch.rewards.tolist() == [1.0, 1.0]
+
+
+FIRST_TURNS_ASKED: dict[str, int] = defaultdict(int)
+
+
+def first_asker_uses_the_tool(prompt_text: str) -> str:
+    """Of two episodes of one prompt, the first to ask calls square(n) then answers; the other answers at once."""
+    n = int(re.search(r"What is (\d+) squared", prompt_text).group(1))
+    if prompt_text.count("<|im_start|>assistant") > 1:
+        return f"<answer>{n * n}</answer><|im_end|>"
+    FIRST_TURNS_ASKED[prompt_text] += 1
+    if FIRST_TURNS_ASKED[prompt_text] % 2 == 1:
+        return f'<tool_call>\n{{"name": "square", "arguments": {{"n": {n}}}}}\n</tool_call><|im_end|>'
+    return f"<answer>{n * n}</answer><|im_end|>"
+
+
+@rollout_modes
+def test_a_tool_turn_reward_reaches_the_tokens_of_that_turn(mode, tiny_model, tiny_tokenizer):
+    """The env's step reward of a successful tool turn (tool_success_reward) lands on that turn's ids."""
+    policy = ReplayPolicy(tiny_model, tiny_tokenizer, first_asker_uses_the_tool)
+    envs = make_envs(2, tool_success_reward=0.25)
+    try:
+        batch = ROLLOUTS[mode](
+            envs, policy, [3], group_size=2, sampling=SamplingParams(max_new_tokens=64), max_total_tokens=1024
+        )
+    finally:
+        envs.close()
+    assert batch.turn_rewards == [[0.25, 1.0], [1.0]]
+    assert batch.rewards.tolist() == [1.25, 1.0]  # the episode's return: the sum of its step rewards
+    width = batch.loss_mask.shape[1]
+    per_turn = token_advantages(
+        batch.turn_rewards, batch.turn_spans, width, 2, mode="per_turn_advantage", normalize_std=False
+    )
+    # by hand: turn 0 returns-to-go 1.25 and 1.0 (mean 1.125); turn 1 reached by one episode only
+    (s0, e0), (s1, e1) = batch.turn_spans[0]
+    assert torch.all(per_turn[0, s0:e0] == 0.125) and torch.all(per_turn[0, s1:e1] == 0.0)
+    assert torch.all(per_turn[1][batch.loss_mask[1].bool()] == -0.125)
+    assert torch.all(per_turn[batch.loss_mask == 0] == 0)
+    # the spans are exactly the generated (loss mask 1) runs
+    for row in range(2):
+        runs = [
+            (s, e)
+            for v, s, e in segments(batch.loss_mask[row, : int(batch.attention_mask[row].sum())].tolist())
+            if v
+        ]
+        assert runs == batch.turn_spans[row]

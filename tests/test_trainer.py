@@ -17,13 +17,9 @@ import pytest
 import torch
 
 from rlf_trainer.checkpoint import PromptSampler, list_checkpoints, read_state
-from rlf_trainer.config import load_config
 from rlf_trainer.trainer import GRPOTrainer, LRSchedule, eval_due
+from tests.helpers import REPO, TINY_CONFIG, model_params, text_reward, tiny_config, train_py_command
 
-pytest_plugins = ["tests.trainer_fixtures"]
-
-ROOT = Path(__file__).resolve().parent.parent
-TINY_CONFIG = ROOT / "examples" / "configs" / "tiny_test.yaml"
 EXPECTED_TAGS = {
     "reward/mean",
     "reward/std",
@@ -33,7 +29,7 @@ EXPECTED_TAGS = {
     "turns",
     "response_length",
     "kl",
-    "clip_fraction",
+    "sampler_kl",
     "entropy",
     "loss",
     "lr",
@@ -42,51 +38,15 @@ EXPECTED_TAGS = {
     "time/tools",
     "time/train",
     "time/step",
+    "time/rollout",
+    "time/sync",
     "samples/s",
+    "rollout/staleness",
+    "kept_episodes",
+    "groups/zero_variance",
     "eval/reward",
     "eval/accuracy",
 }
-
-
-def text_reward(episode) -> dict[str, float]:
-    """A reward with spread for a random model: a deterministic function of the final turn's text."""
-    return {"reward": (sum(map(ord, episode.final_response)) % 5) / 4, "em": 0.0}
-
-
-def tiny_config(tiny_model_dir: Path, run_dir: Path, *overrides: str):
-    config = load_config(
-        TINY_CONFIG,
-        [
-            f"model.path={tiny_model_dir}",
-            "model.prepare=null",
-            f"logging.dir={run_dir}",
-            f"env.kwargs.mcp_servers.mcpServers.latency.command={sys.executable}",
-            "logging.progress_bar=false",
-            *overrides,
-        ],
-    )
-    config.env.kwargs["reward"] = text_reward  # objects from Python go straight into the env kwargs
-    return config
-
-
-def train_py_command(tiny_model_dir: Path, log_dir: Path, *overrides: str) -> list[str]:
-    """``python examples/train.py`` on the tiny config, as a user starts it, with ``overrides``."""
-    return [
-        sys.executable,
-        str(ROOT / "examples" / "train.py"),
-        "--config",
-        str(TINY_CONFIG),
-        f"model.path={tiny_model_dir}",
-        "model.prepare=null",
-        f"logging.dir={log_dir}",
-        f"env.kwargs.mcp_servers.mcpServers.latency.command={sys.executable}",
-        *overrides,
-    ]
-
-
-def params(trainer: GRPOTrainer) -> dict[str, torch.Tensor]:
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +56,7 @@ def straight_run(tiny_model_dir, tmp_path_factory):
     config = tiny_config(tiny_model_dir, run_root, "logging.run_name=straight", "checkpoint.keep_last=0")
     trainer = GRPOTrainer(config)
     history = trainer.train()
-    return trainer, history, params(trainer)
+    return trainer, history, model_params(trainer)
 
 
 def test_two_steps_write_tensorboard_checkpoints_curve_and_samples(straight_run):
@@ -110,13 +70,16 @@ def test_two_steps_write_tensorboard_checkpoints_curve_and_samples(straight_run)
     events.Reload()
     tags = set(events.Tags()["scalars"])
     assert tags >= EXPECTED_TAGS, EXPECTED_TAGS - tags
+    # old_logprobs=recompute: the ratio is 1 by construction, so its statistics are not logged
+    assert not tags & {"clip_fraction", "ratio_mean", "approx_kl_old"}
     assert [e.step for e in events.Scalars("reward/mean")] == [1, 2]
     assert [e.step for e in events.Scalars("eval/reward")] == [2]
     assert events.Scalars("lr")[0].value == pytest.approx(1e-3)
 
     last = history.records[-1]
     assert last["grad_norm"] > 0 and last["reward/std"] > 0  # the test reward gives the update a signal
-    assert last["kl"] >= 0 and 0 <= last["clip_fraction"] <= 1 and last["entropy"] > 0
+    assert last["kl"] >= 0 and last["entropy"] > 0 and last["rollout/staleness"] == 0
+    assert last["kept_episodes"] == 4 and last["sampler_kl"] < 1e-3  # HF samples with the trained model
     assert last["response_length"] > 0 and last["turns"] >= 1
 
     checkpoints = list_checkpoints(trainer.config.checkpoint_dir)
@@ -166,7 +129,7 @@ def test_resume_from_step_one_reproduces_step_two_exactly(straight_run, tiny_mod
     step2_a, step2_b = straight_history.records[-1], history.records[-1]
     for key in ("loss", "grad_norm", "reward/mean", "kl", "entropy", "eval/reward", "lr"):
         assert step2_b[key] == pytest.approx(step2_a[key], abs=1e-6), key
-    resumed_params = params(resumed)
+    resumed_params = model_params(resumed)
     assert resumed_params.keys() == straight_params.keys()
     for name, value in straight_params.items():
         assert torch.allclose(resumed_params[name], value, atol=1e-6, rtol=0), name
@@ -247,7 +210,7 @@ def one_step(tiny_model_dir: Path, run_root: Path, *overrides: str) -> tuple[Any
     trainer = GRPOTrainer(config)
     try:
         metrics = trainer.train_step()
-        return trainer.last_batch, metrics, params(trainer)
+        return trainer.last_batch, metrics, model_params(trainer)
     finally:
         trainer.close()
 
@@ -332,7 +295,7 @@ def test_cli_runs_one_step_on_cpu(tiny_model_dir, tmp_path):
             "eval.every=5",  # not a multiple of the run's length: the last step still evaluates
             "algorithm.beta=0",
         ),
-        cwd=ROOT,
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=240,
@@ -347,10 +310,54 @@ def test_cli_runs_one_step_on_cpu(tiny_model_dir, tmp_path):
     ]
     assert metrics["step"] == 1 and "eval/reward" in metrics
     bad = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "train.py"), "--config", str(TINY_CONFIG), "optim.lrr=1"],
-        cwd=ROOT,
+        [sys.executable, str(REPO / "examples" / "train.py"), "--config", str(TINY_CONFIG), "optim.lrr=1"],
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert bad.returncode == 2 and "unknown key 'optim.lrr'" in bad.stderr
+
+
+def silent_for_ping(episode) -> dict[str, float]:
+    """0 for "ping" (a group without signal), the spread of text_reward for every other task."""
+    if "ping" in episode.task.question:
+        return {"reward": 0.0}
+    return text_reward(episode)
+
+
+def test_dynamic_sampling_refills_a_silent_group_with_new_prompts(tiny_model_dir, tmp_path):
+    first_draw = PromptSampler(4, 0).indices(0, 2)
+    config = tiny_config(
+        tiny_model_dir,
+        tmp_path,
+        "max_steps=1",
+        "eval.every=0",
+        "checkpoint.every=0",
+        "checkpoint.save_final=false",
+        "checkpoint.save_model=false",
+        "algorithm.dynamic_sampling=true",
+        "algorithm.max_refill_rounds=4",
+    )
+    tasks = config.env.kwargs["tasks"]  # t0 asks for "ping": put it where step 0 draws from
+    tasks[0], tasks[first_draw[0]] = tasks[first_draw[0]], tasks[0]
+    config.env.kwargs["reward"] = silent_for_ping
+    trainer = GRPOTrainer(config)
+    try:
+        metrics = trainer.train_step()
+    finally:
+        trainer.close()
+    batch = trainer.last_batch
+    assert metrics["groups/zero_variance"] == 0.5 and metrics["refill_rounds"] >= 1
+    assert metrics["groups/refilled"] == 1 and metrics["kept_episodes"] == 4  # the batch is full again
+    rewards = batch.rewards.reshape(-1, 2)
+    assert torch.all(rewards[:, 0] != rewards[:, 1])  # every group trained on carries signal
+    questions = [t[1]["content"] for t in batch.transcripts]
+    assert not any("ping" in q for q in questions)
+
+
+def test_async_rollout_mode_trains_with_the_hf_policy(tiny_model_dir, tmp_path):
+    """``rollout.mode=async`` on HF runs (one request at a time: no engine to batch them)."""
+    batch, metrics, _ = one_step(tiny_model_dir, tmp_path, "rollout.mode=async")
+    assert metrics["grad_norm"] > 0 and metrics["kept_episodes"] == 4
+    assert len(batch.timelines) == 4 and metrics["time/rollout"] > 0

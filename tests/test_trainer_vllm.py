@@ -14,20 +14,22 @@ import importlib.util
 import json
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 
 from rlf_trainer.policy import SamplingParams
 from rlf_trainer.trainer import GRPOTrainer
-from tests.test_trainer import params, tiny_config, train_py_command
-from tests.test_vllm_policy import LOGPROB_ATOL
-from tests.trainer_fixtures import forward_logprobs
+from tests.helpers import (
+    LOGPROB_ATOL,
+    REPO,
+    forward_logprobs,
+    model_params,
+    text_reward,
+    tiny_config,
+    train_py_command,
+)
 
-pytest_plugins = ["tests.trainer_fixtures"]
-
-REPO = Path(__file__).resolve().parents[1]
 ENGINE = (
     "policy.backend=vllm",
     "policy.vllm.dtype=float32",
@@ -59,7 +61,7 @@ def stepped(tiny_model_dir, tmp_path_factory):
     scored = [
         (c, forward_logprobs(trained, p, c.token_ids), p) for p, c in zip(prompts, completions, strict=True)
     ]
-    trained_params = params(trainer)
+    trained_params = model_params(trainer)
     trainer.close()
     yield {"trainer": trainer, "records": records, "scored": scored, "trained_params": trained_params}
 
@@ -114,7 +116,7 @@ def test_train_py_with_the_vllm_backend_runs_evaluates_and_exits_cleanly(tiny_mo
     """
     command = train_py_command(
         tiny_model_dir, tmp_path, "logging.progress_bar=false", "checkpoint.every=0",
-        "env.import_kwargs.reward=tests.test_trainer:text_reward", *ENGINE, *variant,
+        "env.import_kwargs.reward=tests.helpers:text_reward", *ENGINE, *variant,
     )  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}  # fmt: skip
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -128,3 +130,41 @@ def test_train_py_with_the_vllm_backend_runs_evaluates_and_exits_cleanly(tiny_mo
     # it: measured without the weight push, sampler_kl at step 2 is 7e-3 (full) and 1.3e-2 (LoRA).
     assert metrics[-1]["kl"] > 1e-3, metrics[-1]["kl"]
     assert metrics[-1]["sampler_kl"] < 1e-5, metrics[-1]["sampler_kl"]
+
+
+def codebook_config(tiny_model_dir, run_dir, *overrides):
+    """The tiny model on RLF/Codebook-v0 with the vLLM engine; text_reward gives a random model signal."""
+    config = tiny_config(
+        tiny_model_dir, run_dir, "eval.every=0", "checkpoint.every=0", "checkpoint.save_final=false",
+        "checkpoint.save_model=false", *ENGINE, *overrides,
+    )  # fmt: skip
+    config.env.id = "RLF/Codebook-v0"
+    config.env.kwargs = {"reward": text_reward}  # the codebook's own questions, tool and prompt
+    return config.validate()
+
+
+def test_async_rollout_trains_five_steps_with_the_engine_in_sync(tiny_model_dir, tmp_path):
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    config = codebook_config(tiny_model_dir, tmp_path, "rollout.mode=async", "max_steps=5")
+    assert config.rollout_mode == "async"
+    history = GRPOTrainer(config).train()
+    records = history.records
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
+    assert all(r["grad_norm"] > 0 for r in records)
+    # after every weight sync the engine samples from the weights being trained
+    assert all(r["sampler_kl"] < 1e-3 for r in records), [r["sampler_kl"] for r in records]
+    assert all(r["rollout/staleness"] == 0 for r in records)
+    assert records[-1]["kl"] > 1e-4  # the policy did move, so a stale engine would have shown
+
+
+def test_overlap_samples_one_version_behind_and_corrects_for_it(tiny_model_dir, tmp_path):
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    config = codebook_config(tiny_model_dir, tmp_path, "rollout.overlap=true", "max_steps=3")
+    assert config.tis_cap == 2.0  # truncated importance sampling is on by default under overlap
+    records = GRPOTrainer(config).train().records
+    # step 1 samples on-policy; steps 2 and 3 were rolled out while the step before trained
+    assert [r["rollout/staleness"] for r in records] == [0.0, 1.0, 1.0]
+    assert all("tis/weight_mean" in r and 0 <= r["tis/capped_fraction"] <= 1 for r in records)
+    assert records[0]["sampler_kl"] < 1e-3
+    # one version behind: the sampler differs from the trained policy by the last update
+    assert records[2]["sampler_kl"] > records[0]["sampler_kl"]

@@ -13,15 +13,12 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
 from rlf_trainer.policy import HFPolicy, SamplingParams
-from tests.trainer_fixtures import forward_logprobs
-
-pytest_plugins = ["tests.trainer_fixtures"]
+from tests.helpers import LOGPROB_ATOL, REPO, forward_logprobs
 
 try:
     import vllm  # noqa: F401
@@ -29,9 +26,6 @@ try:
     VLLM_ERROR = None
 except Exception as exc:  # not installed, or installed against another torch
     VLLM_ERROR = exc
-
-REPO = Path(__file__).resolve().parents[1]
-LOGPROB_ATOL = 2e-3  # float32 on both sides; vLLM's fused kernels sum in another order
 
 
 @pytest.fixture(scope="module")

@@ -142,10 +142,15 @@ def inference_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     ``base_model.model.`` / ``.base_layer`` prefixes removed, so vLLM's ``load_weights`` or a plain
     ``load_state_dict`` accept the result.
 
-    Example:
-        >>> sd = inference_state_dict(peft_model)   # doctest: +SKIP
-        >>> "model.layers.0.self_attn.q_proj.weight" in sd
-        True
+    Example (a random in-memory Qwen3 with LoRA on ``q_proj``):
+        >>> from peft import LoraConfig, get_peft_model
+        >>> from transformers import Qwen3Config, Qwen3ForCausalLM
+        >>> config = Qwen3Config(vocab_size=32, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+        ...                      num_attention_heads=2, num_key_value_heads=1, head_dim=4)
+        >>> peft_model = get_peft_model(Qwen3ForCausalLM(config), LoraConfig(r=2, target_modules=["q_proj"]))
+        >>> sd = inference_state_dict(peft_model)
+        >>> "model.layers.0.self_attn.q_proj.weight" in sd, sorted(sd) == sorted(Qwen3ForCausalLM(config).state_dict())
+        (True, True)
     """
     import torch
 

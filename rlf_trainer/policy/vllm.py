@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,7 @@ from rlf_trainer.policy.base import (
     inference_state_dict,
     stop_ids_for,
 )
+from rlf_trainer.policy.engine_loop import EngineLoop
 
 if TYPE_CHECKING:
     import torch
@@ -83,6 +85,10 @@ class VLLMPolicy:
 
         if enable_sleep_mode is None:
             enable_sleep_mode = torch.cuda.is_available()
+        if not torch.cuda.is_available():
+            # vLLM's CPU runner cannot rewind a seeded request's generator after a partial
+            # (chunked) prefill ("CPU Generator does not use offset"): whole prefills only.
+            llm_kwargs.setdefault("enable_chunked_prefill", False)
         self.sleep_enabled = enable_sleep_mode
         self.sleep_level = sleep_level
         self.asleep = False
@@ -103,6 +109,7 @@ class VLLMPolicy:
             tokenizer = AutoTokenizer.from_pretrained(str(model_path))
         self.tokenizer = tokenizer
         self._generation_config = _load_generation_config(model_path)
+        self._engine_loop: EngineLoop | None = None  # started by the first agenerate()
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         """Sample one completion per prompt with one ``llm.generate`` call for the whole batch.
@@ -116,27 +123,40 @@ class VLLMPolicy:
             return []
         if self.asleep:
             raise RuntimeError("VLLMPolicy.generate() while asleep: call wake_up() first")
-        from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
 
         stop_ids = stop_ids_for(self.tokenizer, self._generation_config, params)
         requests = [TokensPrompt(prompt_token_ids=list(prompt)) for prompt in prompts]
-        sampling = [
-            VLLMSamplingParams(
-                n=1,
-                max_tokens=params.max_new_tokens,
-                temperature=params.temperature,
-                top_p=params.top_p,
-                top_k=params.top_k,
-                stop_token_ids=stop_ids,
-                seed=None if params.seed is None else params.seed + i,
-                logprobs=0,  # the sampled token's logprob only
-                detokenize=False,  # we decode ourselves, keeping special tokens, without the stop token
-            )
-            for i in range(len(prompts))
-        ]
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        seeds = [None if params.seed is None else params.seed + i for i in range(len(prompts))]
+        sampling = [_vllm_sampling(params, stop_ids, seed) for seed in seeds]
+        with self._exclusive():
+            outputs = self.llm.generate(requests, sampling, use_tqdm=False)
         return [self._completion(output.outputs[0], stop_ids) for output in outputs]
+
+    async def agenerate(self, prompt: list[int], params: SamplingParams) -> Completion:
+        """One completion for one prompt, continuously batched with every other request in flight.
+
+        The asynchronous rollout's entry point (:class:`~rlf_trainer.policy.async_policy.AsyncPolicy`):
+        requests from any number of coroutines share the engine's running batch through an
+        :class:`~rlf_trainer.policy.engine_loop.EngineLoop`. ``params.seed`` is this request's seed.
+        """
+        if self.closed:
+            raise RuntimeError("VLLMPolicy.agenerate() after close(): the engine is shut down")
+        if self.asleep:
+            raise RuntimeError("VLLMPolicy.agenerate() while asleep: call wake_up() first")
+        from vllm.inputs import TokensPrompt
+
+        if self._engine_loop is None:
+            self._engine_loop = EngineLoop(self.llm.llm_engine)
+        stop_ids = stop_ids_for(self.tokenizer, self._generation_config, params)
+        output = await self._engine_loop.generate(
+            TokensPrompt(prompt_token_ids=list(prompt)), _vllm_sampling(params, stop_ids, params.seed)
+        )
+        return self._completion(output.outputs[0], stop_ids)
+
+    def _exclusive(self) -> contextlib.AbstractContextManager[None]:
+        """Hold the engine against async requests (a no-op until agenerate() started the loop)."""
+        return self._engine_loop.exclusive() if self._engine_loop is not None else contextlib.nullcontext()
 
     def _completion(self, output: Any, stop_ids: list[int]) -> Completion:
         token_ids = list(output.token_ids)
@@ -165,17 +185,19 @@ class VLLMPolicy:
         if self.asleep:
             raise RuntimeError("update_weights() while asleep: call wake_up() first")
         weights = list(inference_state_dict(model).items())
-        self.llm.collective_rpc(
-            "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
-        )
-        self.llm.reset_prefix_cache()
+        with self._exclusive():
+            self.llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
+            )
+            self.llm.reset_prefix_cache()
 
     def sleep(self) -> None:
         """Free the engine's accelerator memory until :meth:`wake_up` (no-op without sleep mode)."""
         if not self.sleep_enabled:
             logger.info("VLLMPolicy.sleep(): sleep mode is off (unsupported on CPU); nothing freed")
             return
-        self.llm.sleep(level=self.sleep_level)
+        with self._exclusive():
+            self.llm.sleep(level=self.sleep_level)
         self.asleep = True
 
     def wake_up(self) -> None:
@@ -195,7 +217,25 @@ class VLLMPolicy:
         if self.closed:
             return
         self.closed = True
+        if self._engine_loop is not None:
+            self._engine_loop.close()
         self.llm.llm_engine.engine_core.shutdown()
+
+
+def _vllm_sampling(params: SamplingParams, stop_ids: list[int], seed: int | None) -> Any:
+    from vllm import SamplingParams as VLLMSamplingParams
+
+    return VLLMSamplingParams(
+        n=1,
+        max_tokens=params.max_new_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        stop_token_ids=stop_ids,
+        seed=seed,
+        logprobs=0,  # the sampled token's logprob only
+        detokenize=False,  # we decode ourselves, keeping special tokens, without the stop token
+    )
 
 
 def _load_generation_config(model_path: str | os.PathLike[str]) -> Any:

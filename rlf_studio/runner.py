@@ -1,0 +1,105 @@
+"""A training run as a subprocess: start, watch, abort (cleanly), resume.
+
+The process runs in its own session (process group), so Abort reaches its MCP servers too: first
+SIGINT (the trainer stops like on Ctrl-C), then SIGTERM and SIGKILL if it lingers. Its output goes
+to ``<run dir>/studio.log``; the state a page shows is :meth:`RunProcess.status`.
+
+Example:
+    >>> import sys, tempfile
+    >>> run = RunProcess.start([sys.executable, "-c", "print('hi')"], Path(tempfile.mkdtemp()), {})
+    >>> run.wait(30), run.status(), run.log_tail().splitlines()[-1]
+    (0, 'finished', 'hi')
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+LOG_NAME = "studio.log"
+
+
+class RunProcess:
+    """One started run."""
+
+    def __init__(
+        self, process: subprocess.Popen[bytes], run_dir: Path, command: list[str], log_name: str = LOG_NAME
+    ) -> None:
+        self.process = process
+        self.run_dir = run_dir
+        self.command = command
+        self.log_name = log_name
+        self.aborted = False
+        self._lock = threading.Lock()
+
+    @classmethod
+    def start(
+        cls,
+        command: list[str],
+        run_dir: Path,
+        env: dict[str, str],
+        cwd: Path | None = None,
+        log_name: str = LOG_NAME,
+    ) -> RunProcess:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        log = (run_dir / log_name).open("ab")
+        log.write(f"$ {' '.join(command)}\n".encode())
+        log.flush()
+        try:
+            process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=cwd or run_dir, env=env or None, start_new_session=True,
+            )  # fmt: skip
+        finally:
+            log.close()
+        return cls(process, run_dir, command, log_name)
+
+    @property
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def status(self) -> str:
+        """``running``, ``finished``, ``aborted`` or ``failed (exit N)``."""
+        code = self.process.poll()
+        if code is None:
+            return "running"
+        if self.aborted:
+            return "aborted"
+        return "finished" if code == 0 else f"failed (exit {code})"
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.process.wait(timeout)
+
+    def abort(self, grace_s: float = 15.0) -> str:
+        """Stop the run and its children; returns the status after."""
+        with self._lock:
+            if not self.running:
+                return self.status()
+            self.aborted = True
+            for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, sig)
+                try:
+                    self.process.wait(wait_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)  # servers the trainer left behind
+        return self.status()
+
+    def log_tail(self, lines: int = 40) -> str:
+        return log_tail(self.run_dir, lines, self.log_name)
+
+
+def log_tail(run_dir: Path, lines: int = 40, log_name: str = LOG_NAME) -> str:
+    """The end of a run's studio log (also for runs started by an earlier studio)."""
+    path = run_dir / log_name
+    if not path.is_file():
+        return ""
+    text = path.read_bytes()[-64_000:].decode("utf-8", errors="replace")
+    return "\n".join(text.splitlines()[-lines:])

@@ -1,0 +1,216 @@
+"""The Train tab's backend: a form's values as a checked trainer config, its command, and the run.
+
+The config is the trainer's own (:mod:`rlf_trainer.config`, checked by its own loader), pointing
+the env at the project's files; the run is ``python examples/train.py --config X`` (or
+``accelerate launch ... examples/train.py --config X``) in a subprocess that writes into the
+project's ``runs/<run name>/``.
+
+Example:
+    >>> import tempfile
+    >>> from rlf_studio.project import create_project
+    >>> project = create_project(Path(tempfile.mkdtemp()), "p")
+    >>> _ = project.write_text(project.train_tasks, '{"question": "q", "answer": "a"}\\n')
+    >>> data = config_dict(project, TrainForm(model="tiny-qwen3", run_name="r1", max_steps=2))
+    >>> data["model"], data["env"]["kwargs"]["reward"], data["max_steps"]
+    ({'path': '', 'prepare': 'tiny-qwen3'}, 'exact_match', 2)
+    >>> check_config(dict(data, max_steps=-1))
+    Traceback (most recent call last):
+    ...
+    rlf_studio.training.TrainConfigError: max_steps must be >= 0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlf_studio.project import Project, check_name
+from rlf_studio.rewards import load_spec
+from rlf_trainer.config import ConfigError, from_dict
+
+# rlf-models names the trainer can build offline (model.prepare)
+PREPARED_MODELS = ("tiny-qwen3", "smollm2-135m")
+REWARD_MODULE = "studio_reward"
+REWARD_MODULE_TEXT = '''"""Written by RLF Studio: the project's reward.json as the env's reward (rlf_studio.rewards)."""
+
+from pathlib import Path
+
+from rlf_studio.rewards import load_project_reward
+
+reward = load_project_reward(Path(__file__).resolve().parent)
+'''
+
+
+class TrainConfigError(ValueError):
+    """The form does not make a valid trainer config."""
+
+
+@dataclass
+class TrainForm:
+    """What the Train tab's form holds."""
+
+    model: str = "tiny-qwen3"
+    run_name: str = "run1"
+    loss: str = "grpo"
+    group_size: int = 2
+    prompts_per_step: int = 2
+    lr: float = 1e-5
+    max_steps: int = 2
+    max_turns: int = 2
+    max_new_tokens: int = 64
+    max_total_tokens: int = 1024
+    beta: float = 0.0
+    backend: str = "hf"
+    launcher: str = "python"
+    accelerate_config: str = ""
+    eval_every: int = 0
+    checkpoint_every: int = 1
+
+    @classmethod
+    def from_values(cls, values: list[Any]) -> TrainForm:
+        """The form from the widgets' values, in field order."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        form = cls(**dict(zip(names, values, strict=True)))
+        for f in dataclasses.fields(cls):
+            value = getattr(form, f.name)
+            if f.type == "int":
+                setattr(form, f.name, int(value))
+            elif f.type == "float":
+                setattr(form, f.name, float(value))
+            elif value is None:
+                setattr(form, f.name, "")
+        return form
+
+    def values(self) -> list[Any]:
+        return [getattr(self, f.name) for f in dataclasses.fields(self)]
+
+
+def _model_section(model: str) -> dict[str, Any]:
+    model = (model or "").strip()
+    if not model:
+        raise TrainConfigError("give a model: a folder, a Hugging Face id, or tiny-qwen3 / smollm2-135m")
+    if model in PREPARED_MODELS:
+        return {"path": "", "prepare": model}
+    return {"path": model, "prepare": None}
+
+
+def _reward_kwargs(project: Project) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(env.kwargs entries, env.import_kwargs entries) for the project's reward."""
+    spec = load_spec(project.reward_path)
+    parts = [c for c in spec.get("components", []) if float(c.get("weight", 1)) != 0]
+    rules = ("exact_match", "f1", "contains", "math")
+    if len(parts) == 1 and parts[0]["name"] in rules and float(parts[0].get("weight", 1)) == 1.0:
+        return {"reward": parts[0]["name"]}, {}
+    project.write_text(project.root / f"{REWARD_MODULE}.py", REWARD_MODULE_TEXT)
+    return {}, {"reward": f"{REWARD_MODULE}:reward"}
+
+
+def config_dict(project: Project, form: TrainForm) -> dict[str, Any]:
+    """The trainer config (a plain dict) for the project and the form."""
+    if not project.has_tasks:
+        raise TrainConfigError("the project has no tasks yet: save some in the Data tab")
+    kwargs: dict[str, Any] = {"tasks": str(project.train_tasks)}
+    if project.test_tasks.is_file():
+        kwargs["test_tasks"] = str(project.test_tasks)
+    if (project.read_json(project.mcp_path, {}) or {}).get("mcpServers"):
+        kwargs["mcp_servers"] = str(project.mcp_path)
+    reward_kwargs, import_kwargs = _reward_kwargs(project)
+    kwargs.update(reward_kwargs)
+    group = int(form.group_size) * int(form.prompts_per_step)
+    return {
+        "model": _model_section(form.model),
+        "env": {"id": "RLF/ToolUse-v0", "kwargs": kwargs, "import_kwargs": import_kwargs},
+        "rollout": {"prompts_per_step": form.prompts_per_step, "max_turns": form.max_turns,
+                    "max_new_tokens": form.max_new_tokens, "max_total_tokens": form.max_total_tokens},
+        "algorithm": {"loss": form.loss, "group_size": form.group_size, "beta": form.beta},
+        "optim": {"lr": form.lr},
+        "policy": {"backend": form.backend},
+        "eval": {"every": form.eval_every, "num_prompts": max(1, form.prompts_per_step)},
+        "checkpoint": {"every": form.checkpoint_every, "resume": "auto"},
+        "logging": {"dir": str(project.runs_dir), "run_name": check_name(form.run_name),
+                    "samples_per_step": group, "progress_bar": False},
+        "max_steps": form.max_steps,
+    }  # fmt: skip
+
+
+def check_config(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` checked by the trainer's own config loader; :class:`TrainConfigError` says why not."""
+    try:
+        from_dict(data).validate()
+    except (ConfigError, TypeError, ValueError) as exc:
+        raise TrainConfigError(str(exc)) from None
+    return data
+
+
+def save_config(project: Project, data: dict[str, Any]) -> Path:
+    """Write ``configs/<run name>.yaml`` (checked first)."""
+    check_config(data)
+    path = project.configs_dir / f"{data['logging']['run_name']}.yaml"
+    project.write_text(path, yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def load_form(project: Project, name: str) -> TrainForm:
+    """The form values of a saved config (fields the form does not show are kept in the file)."""
+    path = project.configs_dir / f"{check_name(name)}.yaml"
+    if not path.is_file():
+        raise TrainConfigError(f"no saved config {name!r}; saved: {', '.join(project.configs()) or 'none'}")
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    check_config(data)
+    model = data.get("model", {})
+    get = lambda section, key, default: (data.get(section) or {}).get(key, default)  # noqa: E731
+    defaults = TrainForm()
+    return TrainForm(
+        model=model.get("prepare") or model.get("path") or "",
+        run_name=get("logging", "run_name", name),
+        loss=get("algorithm", "loss", defaults.loss),
+        group_size=get("algorithm", "group_size", defaults.group_size),
+        prompts_per_step=get("rollout", "prompts_per_step", defaults.prompts_per_step),
+        lr=get("optim", "lr", defaults.lr),
+        max_steps=data.get("max_steps", defaults.max_steps),
+        max_turns=get("rollout", "max_turns", defaults.max_turns),
+        max_new_tokens=get("rollout", "max_new_tokens", defaults.max_new_tokens),
+        max_total_tokens=get("rollout", "max_total_tokens", defaults.max_total_tokens),
+        beta=get("algorithm", "beta", defaults.beta),
+        backend=get("policy", "backend", defaults.backend),
+        eval_every=get("eval", "every", defaults.eval_every),
+        checkpoint_every=get("checkpoint", "every", defaults.checkpoint_every),
+    )
+
+
+def train_script() -> list[str]:
+    """``examples/train.py`` of a checkout, else the installed trainer module."""
+    script = Path(__file__).resolve().parents[1] / "examples" / "train.py"
+    return [str(script)] if script.is_file() else ["-m", "rlf_trainer.cli"]
+
+
+def command(config_path: Path, form: TrainForm, overrides: list[str] | None = None) -> list[str]:
+    """The command line that trains ``config_path``."""
+    entry = train_script()
+    if form.launcher == "accelerate":
+        launch = [sys.executable, "-m", "accelerate.commands.launch"]
+        if form.accelerate_config:
+            launch += ["--config_file", form.accelerate_config]
+        if entry[0] == "-m":
+            launch.append("-m")
+            entry = entry[1:]
+        return [*launch, *entry, "--config", str(config_path), *(overrides or [])]
+    return [sys.executable, *entry, "--config", str(config_path), *(overrides or [])]
+
+
+def command_text(cmd: list[str]) -> str:
+    return " ".join(shlex.quote(part) for part in cmd)
+
+
+def run_env(project: Project) -> dict[str, str]:
+    """The subprocess environment: the project folder (its studio_reward.py) and this checkout importable."""
+    root = str(Path(__file__).resolve().parents[1])
+    paths = [str(project.root), root, os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p), "PYTHONUNBUFFERED": "1"}

@@ -1,0 +1,59 @@
+"""Projects tab: create or open a project folder; list the projects and the open one's runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from rlf_studio.project import Project, create_project, list_projects, open_project
+from rlf_studio.runs import latest_summary
+from rlf_studio.ui.common import Studio, guarded, ok, status_box
+
+
+def _runs_table(project: Project) -> pd.DataFrame:
+    rows = [[name, latest_summary(project.runs_dir / name)] for name in project.runs()]
+    return pd.DataFrame(rows, columns=["run", "last step"])
+
+
+def _opened(studio: Studio, project: Project, verb: str) -> tuple[Any, ...]:
+    names = [p.name for p in list_projects(studio.root)]
+    return (
+        ok(f"{verb} project {project.name!r}"),
+        str(project.root),
+        project.summary(),
+        _runs_table(project),
+        gr.update(choices=names, value=project.name if project.name in names else None),
+    )
+
+
+def build(studio: Studio, project_state: gr.State) -> None:
+    gr.Markdown(
+        f"Projects live in `{studio.root}`. A project folder holds the MCP servers (`mcp.json`), "
+        "the tasks, the reward, train configs and runs: everything the other tabs edit."
+    )
+    with gr.Row():
+        name = gr.Textbox(label="Project name", placeholder="my-agent", elem_id="project-name", scale=3)
+        create = gr.Button("Create project", variant="primary", elem_id="project-create", scale=1)
+        open_button = gr.Button("Open", elem_id="project-open", scale=1)
+    existing = gr.Dropdown(
+        [p.name for p in list_projects(studio.root)], label="Existing projects", elem_id="project-list"
+    )
+    status = status_box("project-status")
+    summary = gr.Markdown("No project open.", elem_id="project-summary")
+    runs = gr.Dataframe(headers=["run", "last step"], label="Runs of this project", elem_id="project-runs")
+    outputs = [status, project_state, summary, runs, existing]
+
+    @guarded(len(outputs))
+    def on_create(text: str) -> tuple[Any, ...]:
+        return _opened(studio, create_project(studio.root, text), "created")
+
+    @guarded(len(outputs))
+    def on_open(text: str) -> tuple[Any, ...]:
+        return _opened(studio, open_project(studio.root, text), "opened")
+
+    create.click(on_create, name, outputs)
+    name.submit(on_open, name, outputs)
+    open_button.click(on_open, name, outputs)
+    existing.input(on_open, existing, outputs)

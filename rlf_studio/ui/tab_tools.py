@@ -1,0 +1,146 @@
+"""Tools tab: edit the ``mcpServers`` JSON, add bundled servers, connect, and call tools by hand."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from rlf_studio.tools import (
+    BUNDLED_SERVERS,
+    add_bundled,
+    check_mcp_json,
+    connect,
+    example_arguments,
+    parse_json_object,
+    tools_table,
+)
+from rlf_studio.ui.common import Studio, error, guarded, ok, status_box
+
+EMPTY_CONFIG = '{\n  "mcpServers": {}\n}\n'
+TOOL_COLUMNS = ["tool", "description", "parameters (JSON schema)"]
+
+
+def _dump(config: dict[str, Any]) -> str:
+    return json.dumps(config, indent=2) + "\n"
+
+
+def _adder(name: str) -> Any:
+    """The handler of a bundled server's button: the editor's config plus that server."""
+
+    @guarded(2, 1)
+    def add(text: str) -> tuple[str, str]:
+        config, message = add_bundled(text, name)
+        return _dump(config), ok(message + ": Save, then Connect")
+
+    return add
+
+
+class ToolsTab:
+    """The tab's widgets (built in the page's current block) and its handlers."""
+
+    def __init__(self, studio: Studio, project_state: gr.State) -> None:
+        self.studio = studio
+        gr.Markdown(
+            "The Claude-Desktop / Cursor `mcpServers` JSON: a stdio `command` + `args` or a streamable-HTTP "
+            "`url` per server, plus RLF's `timeout_s`, `max_concurrency`, `replicas`, `cache`. "
+            "**Connect** starts them through the env's own pool."
+        )
+        self._editor()
+        self._playground()
+        self._wire(project_state)
+
+    def _editor(self) -> None:
+        self.editor = gr.Textbox(EMPTY_CONFIG, label="mcp.json", lines=14, max_lines=40, elem_id="mcp-json",
+                                 elem_classes=["rlf-mono"])  # fmt: skip
+        with gr.Row():
+            self.add_buttons = {
+                b: gr.Button(f"+ {b} server", size="sm", elem_id=f"add-{b}") for b in BUNDLED_SERVERS
+            }
+        with gr.Row():
+            self.validate = gr.Button("Validate", elem_id="mcp-validate")
+            self.save = gr.Button("Save", elem_id="mcp-save")
+            self.connect = gr.Button("Connect", variant="primary", elem_id="mcp-connect")
+        self.status = status_box("tools-status")
+        self.table = gr.Dataframe(headers=TOOL_COLUMNS, label="Tools", elem_id="tools-table", wrap=True)
+
+    def _playground(self) -> None:
+        gr.Markdown("### Tool playground")
+        with gr.Row():
+            self.tool = gr.Dropdown([], label="Tool", elem_id="tool-name", scale=1)
+            self.args = gr.Textbox("{}", label="Arguments (JSON)", lines=3, elem_id="tool-args", scale=3)
+        self.call = gr.Button("Call tool", variant="primary", elem_id="tool-call")
+        self.call_status = status_box("tool-call-status")
+        self.result = gr.Textbox(label="Result", lines=6, interactive=False, elem_id="tool-result")
+
+    def _wire(self, project_state: gr.State) -> None:
+        for name, button in self.add_buttons.items():
+            button.click(_adder(name), self.editor, [self.editor, self.status])
+        self.validate.click(self.on_validate, self.editor, self.status)
+        self.save.click(self.on_save, [project_state, self.editor], self.status)
+        self.connect.click(
+            self.on_connect, [project_state, self.editor], [self.status, self.table, self.tool]
+        )
+        self.tool.change(self.on_pick, [project_state, self.tool], self.args)
+        self.call.click(self.on_call, [project_state, self.tool, self.args], [self.call_status, self.result])
+        project_state.change(self.on_project, project_state, self.editor)
+
+    @guarded(1)
+    def on_validate(self, text: str) -> str:
+        config, message = check_mcp_json(text)
+        return ok(message) if config is not None else error(message)
+
+    @guarded(1)
+    def on_save(self, path: str, text: str) -> str:
+        project = self.studio.project(path)
+        config, message = check_mcp_json(text)
+        if config is None:
+            return error(message + " (nothing saved)")
+        project.write_text(project.mcp_path, _dump(config))
+        return ok(f"saved {project.mcp_path.name}: {message}")
+
+    @guarded(3)
+    def on_connect(self, path: str, text: str) -> tuple[Any, ...]:
+        project = self.studio.project(path)
+        config, message = check_mcp_json(text)
+        if config is None:
+            return error(message), gr.skip(), gr.skip()
+        self.studio.replace_tools(str(project.root), None)
+        session, why = connect(config)
+        if session is None:
+            return error(why), pd.DataFrame([], columns=TOOL_COLUMNS), gr.update(choices=[], value=None)
+        self.studio.replace_tools(str(project.root), session)
+        specs = session.specs()
+        names = [s.name for s in specs]
+        rows = pd.DataFrame(tools_table(specs), columns=TOOL_COLUMNS)
+        choices = gr.update(choices=names, value=names[0] if names else None)
+        return ok(f"connected: {len(specs)} tool(s): {', '.join(names)}"), rows, choices
+
+    def on_pick(self, path: str, name: str) -> str:
+        session = self.studio.tool_sessions.get(path or "")
+        spec = next((s for s in session.specs() if s.name == name), None) if session else None
+        return example_arguments(spec) if spec else "{}"
+
+    @guarded(2)
+    def on_call(self, path: str, name: str, text: str) -> tuple[str, str]:
+        session = self.studio.tool_sessions.get(str(self.studio.project(path).root))
+        if session is None:
+            return error("no servers running: press Connect first"), gr.skip()
+        if not name:
+            return error("pick a tool"), gr.skip()
+        outcome = session.call(name, parse_json_object(text, "arguments JSON"))
+        if outcome.ok:
+            return ok(outcome.markdown()), outcome.text
+        return error(f"{outcome.error_kind} after {outcome.latency_ms:.1f} ms"), outcome.text
+
+    def on_project(self, path: str) -> str:
+        project = self.studio.project(path) if path else None
+        if project is None or not project.mcp_path.is_file():
+            return EMPTY_CONFIG
+        return project.mcp_path.read_text(encoding="utf-8")
+
+
+def build(studio: Studio, project_state: gr.State) -> ToolsTab:
+    return ToolsTab(studio, project_state)

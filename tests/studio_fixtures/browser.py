@@ -1,0 +1,112 @@
+"""Helpers for the studio's browser tests: start the studio, find Chromium, drive Gradio widgets.
+
+Widgets are found by their ``elem_id`` (``#project-name``, ``#mcp-json``, ...); a Gradio textbox
+is a ``textarea`` or ``input`` inside that element, a dropdown an ``input`` whose options appear
+in a list once it is clicked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import REPO, free_port, wait_for_port
+
+SCREENSHOTS = REPO / "docs" / "studio"
+FIXTURES = REPO / "tests" / "studio_fixtures"
+STEP_TIMEOUT_MS = 30_000  # a Gradio round trip on a busy 2-core machine
+TRAIN_TIMEOUT_MS = 240_000  # a tiny-model run: interpreter, torch, model, 2 GRPO steps
+
+
+def chromium_path() -> str:
+    """Debian's Chromium (scripts/_system_deps.sh installs it), or skip with the reason."""
+    candidates = [os.environ.get("RLF_CHROMIUM", ""), "/usr/bin/chromium", "/usr/bin/chromium-browser"]
+    for candidate in [*candidates, shutil.which("chromium") or ""]:
+        if candidate and Path(candidate).is_file():
+            return candidate
+    pytest.skip("no Chromium: apt-get install chromium (scripts/_system_deps.sh does) or set RLF_CHROMIUM")
+
+
+@contextlib.contextmanager
+def studio_server(project_dir: Path) -> Iterator[str]:
+    """``python -m rlf_studio`` on a free port of 127.0.0.1, as a user starts it; yields its URL."""
+    port = free_port()
+    log = (project_dir.parent / "studio-server.log").open("wb")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "GRADIO_ANALYTICS_ENABLED": "False"}
+    argv = [sys.executable, "-m", "rlf_studio", "--host", "127.0.0.1", "--port", str(port)]
+    process = subprocess.Popen(
+        [*argv, "--project-dir", str(project_dir)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    try:
+        wait_for_port(port, process, 120)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+        log.close()
+
+
+class Page:
+    """A Playwright page with the few gestures the studio needs."""
+
+    def __init__(self, page: Any) -> None:
+        from playwright.sync_api import expect
+
+        self.page = page
+        self.expect = expect
+
+    def tab(self, name: str) -> None:
+        self.page.get_by_role("tab", name=name, exact=True).click()
+
+    def fill(self, elem_id: str, text: str) -> None:
+        self.page.locator(f"#{elem_id} textarea, #{elem_id} input").first.fill(str(text))
+
+    def click(self, elem_id: str) -> None:
+        self.page.locator(f"#{elem_id}").click()
+
+    def pick(self, elem_id: str, option: str) -> None:
+        """Choose ``option`` in a dropdown."""
+        box = self.page.locator(f"#{elem_id} input").first
+        box.click()
+        self.page.get_by_role("option", name=option, exact=True).click()
+
+    def check(self, elem_id: str, label: str) -> None:
+        """Tick (or untick) the checkbox or radio labelled ``label`` inside a group."""
+        self.page.locator(f"#{elem_id}").get_by_text(label, exact=True).click()
+
+    def upload(self, elem_id: str, path: Path) -> None:
+        self.page.locator(f"#{elem_id} input[type=file]").set_input_files(str(path))
+
+    def text(self, elem_id: str) -> str:
+        return self.page.locator(f"#{elem_id}").inner_text()
+
+    def value(self, elem_id: str) -> str:
+        return self.page.locator(f"#{elem_id} textarea, #{elem_id} input").first.input_value()
+
+    def sees(self, elem_id: str, text: str, timeout_ms: int = STEP_TIMEOUT_MS) -> None:
+        self.expect(self.page.locator(f"#{elem_id}")).to_contain_text(text, timeout=timeout_ms)
+
+    def has_value(self, elem_id: str, text: str, timeout_ms: int = STEP_TIMEOUT_MS) -> None:
+        import re
+
+        box = self.page.locator(f"#{elem_id} textarea, #{elem_id} input").first
+        self.expect(box).to_have_value(re.compile(".*" + re.escape(text) + ".*", re.S), timeout=timeout_ms)
+
+    def screenshot(self, name: str) -> Path:
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        path = SCREENSHOTS / f"{name}.png"
+        self.page.wait_for_timeout(300)  # let the last update paint
+        self.page.screenshot(path=str(path), full_page=True)
+        return path

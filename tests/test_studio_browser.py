@@ -1,0 +1,234 @@
+"""RLF Studio in a real headless Chromium, driven as a new user would: no Python written.
+
+One studio process and one browser page serve the whole module; the tests run in file order and
+each picks up where the previous one left the page (a project, then its servers, tasks, reward,
+an episode, a training run and its curves), the way a person goes through the tabs. Each test
+also feeds the tab a bad input and checks the message. Every tab's screenshot lands in
+docs/studio/*.png, which docs/studio.md shows.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.studio_fixtures.browser import FIXTURES, TRAIN_TIMEOUT_MS, Page, chromium_path, studio_server
+
+pytest.importorskip("gradio")
+pytest.importorskip("playwright")
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def project_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("studio") / "projects"
+
+
+@pytest.fixture(scope="module")
+def ui(project_dir: Path) -> Iterator[Page]:
+    from playwright.sync_api import sync_playwright
+
+    executable = chromium_path()
+    with studio_server(project_dir) as url, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable, headless=True)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(url)
+        yield Page(page)
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def project(project_dir: Path) -> Path:
+    return project_dir / "demo"
+
+
+def test_create_project(ui: Page, project: Path) -> None:
+    ui.fill("project-name", "../oops")
+    ui.click("project-create")
+    ui.sees("project-status", "a project name may hold letters")
+    ui.fill("project-name", "demo")
+    ui.click("project-create")
+    ui.sees("project-status", "created project 'demo'")
+    ui.sees("current-project", str(project))
+    assert (project / "project.json").is_file()
+
+
+def test_tools_bundled_server_and_playground(ui: Page, project: Path) -> None:
+    ui.tab("Tools")
+    ui.fill("mcp-json", '{"mcpServers": {"x": {"command": "python",}}}')
+    ui.click("mcp-validate")
+    ui.sees("tools-status", "Invalid JSON")
+    ui.fill("mcp-json", '{"mcpServers": {"broken": {"command": "/nonexistent/rlf-no-such-server"}}}')
+    ui.click("mcp-connect")
+    ui.sees("tools-status", "Server failed to start")
+
+    ui.fill("mcp-json", '{"mcpServers": {}}')
+    ui.click("add-latency")
+    ui.has_value("mcp-json", "rlf_envs.servers.latency")
+    ui.click("mcp-save")
+    ui.sees("tools-status", "saved mcp.json")
+    ui.click("mcp-connect")
+    ui.sees("tools-status", "connected")
+    ui.sees("tools-table", "sleep")
+    ui.pick("tool-name", "sleep")
+    ui.fill("tool-args", '{"ms": 5, "payload": "hello studio"}')
+    ui.click("tool-call")
+    ui.sees("tool-call-status", "ok")
+    ui.has_value("tool-result", "hello studio")
+    ui.screenshot("tools")
+
+    ui.fill("tool-args", '{"ms": "soon"}')
+    ui.click("tool-call")
+    ui.sees("tool-call-status", "bad_arguments")
+    ui.fill("mcp-json", "{not json")
+    ui.click("mcp-save")
+    ui.sees("tools-status", "nothing saved")
+    saved = json.loads((project / "mcp.json").read_text())
+    assert "latency" in saved["mcpServers"]  # the bad save lost nothing
+
+
+def test_data_upload_map_and_save(ui: Page, project: Path) -> None:
+    ui.tab("Data")
+    ui.upload("data-file", FIXTURES / "no_question.jsonl")
+    ui.sees("data-status", "No question column was recognised")
+    ui.click("data-preview")
+    ui.sees("data-status", "pick the question column; the file's columns are: label, text")
+
+    ui.upload("data-file", FIXTURES / "tasks.jsonl")
+    ui.sees("data-status", "read 4 row(s)")
+    ui.click("data-preview")
+    ui.sees("data-status", "4 task(s) mapped")
+    ui.click("data-save")
+    ui.sees("data-status", "saved 3 train and 1 test task(s)")
+    ui.screenshot("data")
+    train = [json.loads(line) for line in (project / "tasks" / "train.jsonl").read_text().splitlines()]
+    assert len(train) == 3 and all(isinstance(t["answer"], list) for t in train)
+
+
+def test_reward_compose_preview_and_bad_file(ui: Page, project: Path) -> None:
+    ui.tab("Reward")
+    ui.check("reward-names", "format")
+    ui.fill("reward-weight-exact_match", "0.9")
+    ui.fill("reward-weight-format", "0.1")
+    ui.click("reward-preview")
+    ui.sees("reward-preview-status", "scored 3 sample(s)")
+    ui.sees("reward-results", "0.1")
+    ui.click("reward-save")
+    ui.sees("reward-status", "saved reward.json: 0.9 exact_match + 0.1 format")
+    ui.screenshot("reward")
+
+    ui.check("reward-names", "python")
+    ui.fill("reward-file", str(FIXTURES / "raising_reward.py"))
+    ui.click("reward-preview")
+    ui.sees("reward-preview-status", "the reward raised ZeroDivisionError")
+    ui.click("reward-save")
+    ui.sees("reward-status", "nothing saved")
+    spec = json.loads((project / "reward.json").read_text())
+    assert [c["name"] for c in spec["components"]] == ["exact_match", "format"]
+    ui.check("reward-names", "python")  # untick: the page matches the saved reward again
+
+
+def test_playground_episode_by_typing(ui: Page) -> None:
+    ui.tab("Playground")
+    ui.click("play-send")
+    ui.sees("play-status", "press New episode first")
+    ui.click("play-reset")
+    ui.sees("play-status", "episode started on task 0")
+    word = re.search(r"Echo the word (\w+)", ui.text("play-chat")).group(1)
+    call = {"name": "sleep", "arguments": {"ms": 1, "payload": word}}
+    ui.fill("play-action", f"<tool_call>{json.dumps(call)}</tool_call>")
+    ui.click("play-send")
+    ui.sees("play-status", "1 tool call(s), errors: none")
+    ui.sees("play-chat", "tool result: sleep (ok")
+    ui.fill("play-action", f"It echoes <answer>{word}</answer>")
+    ui.click("play-send")
+    ui.sees("play-status", "final reward 1.000")
+    ui.screenshot("playground")
+    ui.click("play-save")
+    ui.sees("play-status", "saved as step 1 of the 'playground' run")
+
+
+def _train_form(ui: Page, model: Path, run: str, steps: int) -> None:
+    ui.fill("train-model", str(model))
+    ui.fill("train-run", run)
+    ui.fill("train-steps", str(steps))
+    ui.fill("train-new-tokens", "16")
+    ui.fill("train-lr", "0.001")
+
+
+def test_train_abort_start_finish_resume(ui: Page, project: Path, shared_tiny_model_dir: Path) -> None:
+    ui.tab("Train")
+    _train_form(ui, shared_tiny_model_dir, "tiny", -1)
+    ui.click("train-preview")
+    ui.sees("train-status", "max_steps must be >= 0")
+    ui.fill("train-steps", "2")
+    ui.click("train-preview")
+    ui.sees("train-status", "the config is valid")
+    ui.has_value("train-command", "train.py --config")
+    ui.click("train-save")
+    ui.sees("train-status", "saved")
+
+    ui.click("train-start")
+    ui.sees("train-status", "started run 'tiny'")
+    ui.click("train-abort")
+    ui.sees("train-status", "run 'tiny' aborted")
+    ui.click("train-resume")
+    ui.sees("train-status", "no checkpoint to resume from")
+    ui.click("train-start")
+    ui.sees("train-status", "started run 'tiny'")
+    ui.sees("train-status", "run 'tiny' finished", timeout_ms=TRAIN_TIMEOUT_MS)
+    ui.sees("train-progress", "step 2/2")
+    ui.screenshot("train")
+    ui.click("train-start")
+    ui.sees("train-status", "already exists: press Resume")
+
+    ui.fill("train-steps", "3")
+    ui.click("train-resume")
+    ui.sees("train-status", "resumed run 'tiny'")
+    ui.sees("train-status", "run 'tiny' finished", timeout_ms=TRAIN_TIMEOUT_MS)
+    ui.sees("train-progress", "step 3/3")
+    steps = [
+        json.loads(line)["step"]
+        for line in (project / "runs" / "tiny" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert steps == [1, 2, 3]
+
+
+def test_runs_curves_and_rollouts(ui: Page) -> None:
+    ui.tab("Runs")
+    ui.click("runs-refresh")
+    ui.sees("runs-status", "2 run(s) in demo")
+    ui.click("runs-show")
+    ui.sees("runs-status", "point(s)")
+    ui.click("rollout-show")
+    ui.sees("rollout-html", "step 1: 4 episode(s) in 2 group(s)")  # the tiny run: G=2 x 2 prompts
+    ui.pick("rollout-run", "playground")
+    ui.sees("runs-status", "playground")
+    ui.click("rollout-show")
+    ui.sees("rollout-html", "tool call: sleep")
+    ui.sees("rollout-html", "tool result (sleep)")
+    ui.screenshot("runs")
+
+    ui.pick("rollout-run", "tiny")
+    ui.sees("runs-status", "tiny: rollouts logged for 3 step(s)")
+    ui.click("serve-start")
+    ui.sees("serve-status", "serving 'tiny' at http://127.0.0.1:", timeout_ms=TRAIN_TIMEOUT_MS)
+    ui.fill("eval-n", "1")
+    ui.click("eval-run")
+    ui.sees("serve-status", "1 test episode(s) played by 'tiny': mean reward", timeout_ms=TRAIN_TIMEOUT_MS)
+    ui.fill("chat-input", "hello")
+    ui.click("chat-send")
+    ui.sees("serve-status", "answered")
+    ui.screenshot("runs-model")
+    ui.click("serve-stop")
+    ui.sees("serve-status", "model server aborted")
+    ui.tab("Projects")
+    ui.fill("project-name", "demo")
+    ui.click("project-open")
+    ui.sees("project-summary", "2 run(s)")
+    ui.screenshot("projects")

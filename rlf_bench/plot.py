@@ -13,10 +13,11 @@ CLI (from a saved report, e.g. the ``--json`` line of ``rlf-bench env --compare`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,25 +81,37 @@ def plot_compare(
     title: str | None = None,
 ) -> Path:
     """Write the PNG (one panel per report) and return its path. Raises ValueError if a report has no figure."""
+    reports = [report] if isinstance(report, dict) else list(report)
+    with png_figure(path, len(reports)) as (fig, axes):
+        for ax, one in zip(axes, reports, strict=True):
+            _draw(ax, one, title if len(reports) == 1 else None)
+        if title and len(reports) > 1:
+            fig.suptitle(title)
+    return Path(path)
+
+
+@contextlib.contextmanager
+def png_figure(
+    path: str | os.PathLike[str], panels: int, *, width: float = 6.5, height: float = 4.5
+) -> Iterator[tuple[Any, list[Any]]]:
+    """A figure of ``panels`` side by side; written to ``path`` (folders made) when the block ends.
+
+    The figure is closed either way; nothing is written if the block raises.
+    """
     import matplotlib
 
     matplotlib.use("Agg")  # no display: files only
     import matplotlib.pyplot as plt
 
-    reports = [report] if isinstance(report, dict) else list(report)
-    fig, axes = plt.subplots(1, len(reports), figsize=(6.5 * len(reports), 4.5), dpi=120, squeeze=False)
+    fig, axes = plt.subplots(1, panels, figsize=(width * panels, height), dpi=120, squeeze=False)
     try:
-        for ax, one in zip(axes[0], reports, strict=True):
-            _draw(ax, one, title if len(reports) == 1 else None)
-        if title and len(reports) > 1:
-            fig.suptitle(title)
+        yield fig, list(axes[0])
         fig.tight_layout()
         out = Path(path)
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out)
     finally:
         plt.close(fig)
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rlf_bench.plot import png_figure
+
 
 def bar_values(report: dict[str, Any]) -> dict[str, float]:
     """The three wall times of one report, in seconds.
@@ -39,53 +41,45 @@ def _label(report: dict[str, Any]) -> str:
 
 def plot_rollout(reports: Sequence[dict[str, Any]], path: str | os.PathLike[str]) -> Path:
     """Write the PNG and return its path."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     steps = [r["train_step"] for r in reports if "train_step" in r]
-    fig, axes = plt.subplots(
-        1, 1 + bool(steps), figsize=(6.5 * (1 + bool(steps)), 4.5), dpi=120, squeeze=False
-    )
-    try:
-        ax = axes[0][0]
-        width = 0.8 / 3
-        for k, name in enumerate(("lockstep", "async", "ideal")):
-            values = [bar_values(r)[name] for r in reports]
-            xs = [i + (k - 1) * width for i in range(len(reports))]
-            ax.bar(xs, values, width, label=name)
-            for x, v in zip(xs, values, strict=True):
-                ax.annotate(f"{v:.1f}", (x, v), ha="center", va="bottom", fontsize=8)
-        ax.set_xticks(range(len(reports)), [_label(r) for r in reports])
-        s = reports[0]["settings"]
-        ax.set_ylabel("wall seconds for the batch (lower is better)")
-        ax.set_title(
-            f"{s['episodes']} episodes x {s['tool_turns']} tool turns, {s['latency_dist']} "
-            f"{s['latency_ms']:g} ms (sigma {s['sigma']:g})",
-            fontsize=10,
-        )
-        ax.legend()
+    with png_figure(path, 1 + bool(steps)) as (_, axes):
+        _draw_rollouts(axes[0], reports)
         if steps:
-            ax = axes[0][1]
-            for i, step in enumerate(steps):
-                for k, arm in enumerate(("sequential", "overlap")):
-                    value = step[arm]["time/step"]
-                    ax.bar(i + (k - 0.5) * 0.4, value, 0.4, color=f"C{3 + k}", label=arm if i == 0 else None)
-                    ax.annotate(
-                        f"{value:.1f}", (i + (k - 0.5) * 0.4, value), ha="center", va="bottom", fontsize=8
-                    )
-            ax.set_xticks(range(len(steps)), [_label(r) for r in reports if "train_step" in r])
-            ax.set_ylabel("seconds per GRPO step (median, steps 2..N)")
-            ax.set_title("train step: rollout.overlap off vs on", fontsize=10)
-            ax.legend()
-        fig.tight_layout()
-        out = Path(path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out)
-    finally:
-        plt.close(fig)
-    return out
+            _draw_steps(axes[1], reports)
+    return Path(path)
+
+
+def _draw_rollouts(ax: Any, reports: Sequence[dict[str, Any]]) -> None:
+    width = 0.8 / 3
+    for k, name in enumerate(("lockstep", "async", "ideal")):
+        values = [bar_values(r)[name] for r in reports]
+        xs = [i + (k - 1) * width for i in range(len(reports))]
+        ax.bar(xs, values, width, label=name)
+        for x, v in zip(xs, values, strict=True):
+            ax.annotate(f"{v:.1f}", (x, v), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(reports)), [_label(r) for r in reports])
+    s = reports[0]["settings"]
+    ax.set_ylabel("wall seconds for the batch (lower is better)")
+    ax.set_title(
+        f"{s['episodes']} episodes x {s['tool_turns']} tool turns, {s['latency_dist']} "
+        f"{s['latency_ms']:g} ms (sigma {s['sigma']:g})",
+        fontsize=10,
+    )
+    ax.legend()
+
+
+def _draw_steps(ax: Any, reports: Sequence[dict[str, Any]]) -> None:
+    with_steps = [r for r in reports if "train_step" in r]
+    for i, report in enumerate(with_steps):
+        for k, arm in enumerate(("sequential", "overlap")):
+            value = report["train_step"][arm]["time/step"]
+            x = i + (k - 0.5) * 0.4
+            ax.bar(x, value, 0.4, color=f"C{3 + k}", label=arm if i == 0 else None)
+            ax.annotate(f"{value:.1f}", (x, value), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(with_steps)), [_label(r) for r in with_steps])
+    ax.set_ylabel("seconds per GRPO step (median, steps 2..N)")
+    ax.set_title("train step: rollout.overlap off vs on", fontsize=10)
+    ax.legend()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,27 @@ def run_server(server: MCPServer, args: argparse.Namespace) -> None:
         server.run("stdio")
     else:
         server.run("streamable-http", host=args.host, port=args.port)
+
+
+def serve_or_exit(
+    name: str,
+    args: argparse.Namespace,
+    build: Callable[[], MCPServer],
+    errors: tuple[type[BaseException], ...],
+) -> int:
+    """A server's ``main``: build it (one of ``errors`` becomes ``name: message`` and exit 2), then serve.
+
+    Example:
+        >>> serve_or_exit("demo", argparse.Namespace(), lambda: int("x"), (ValueError,))
+        2
+    """
+    try:
+        server = build()
+    except errors as error:
+        print(f"{name}: {error}", file=sys.stderr)
+        return 2
+    run_server(server, args)
+    return 0
 
 
 # The folder that holds the rlf_envs package: servers run as `python -m`, so a checkout that is not

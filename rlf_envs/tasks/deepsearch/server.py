@@ -20,7 +20,7 @@ import anyio
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
-from rlf_envs.servers.launch import add_transport_args, run_server
+from rlf_envs.servers.launch import add_transport_args, serve_or_exit
 from rlf_envs.tasks.deepsearch.index import SearchIndex, SearchIndexError, ensure_world_index
 
 MIN_TOP_K, MAX_TOP_K = 1, 10
@@ -90,13 +90,12 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     directory = args.index if args.index is not None else ensure_world_index(args.world_seed, args.cache_dir)
-    try:
-        index = SearchIndex.load(directory, mmap=args.mmap)
-    except SearchIndexError as error:
-        print(f"search server: {error}", file=sys.stderr)
-        return 2
-    run_server(build_server(index, default_top_k=args.top_k), args)
-    return 0
+    return serve_or_exit(
+        "search server",
+        args,
+        lambda: build_server(SearchIndex.load(directory, mmap=args.mmap), default_top_k=args.top_k),
+        (SearchIndexError,),
+    )
 
 
 if __name__ == "__main__":

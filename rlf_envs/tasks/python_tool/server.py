@@ -28,7 +28,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent
 
 from rlf_envs.isolation import DEFAULT_BWRAP, ISOLATION_CHOICES
-from rlf_envs.servers.launch import add_transport_args, run_server
+from rlf_envs.servers.launch import add_transport_args, serve_or_exit
 from rlf_envs.tasks.python_tool.sandbox import (
     PythonSandbox,
     SandboxConfigError,
@@ -119,7 +119,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    try:
+
+    def build() -> MCPServer:
         limits = SandboxLimits(
             cpu_s=args.cpu_s,
             memory_mb=args.memory_mb,
@@ -136,11 +137,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             isolation=args.isolation,
             bwrap_path=args.bwrap,
         )
-    except (SandboxConfigError, SandboxStartError) as error:
-        print(f"python sandbox server: {error}", file=sys.stderr)
-        return 2
-    run_server(build_server(sandbox, stats_tool=args.stats_tool), args)
-    return 0
+        return build_server(sandbox, stats_tool=args.stats_tool)
+
+    return serve_or_exit("python sandbox server", args, build, (SandboxConfigError, SandboxStartError))
 
 
 if __name__ == "__main__":

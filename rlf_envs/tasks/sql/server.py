@@ -28,7 +28,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from rlf_envs.isolation import Bubblewrap, Layout, package_roots
-from rlf_envs.servers.launch import add_transport_args, run_server
+from rlf_envs.servers.launch import add_transport_args, serve_or_exit
 from rlf_envs.tasks.sql.sandbox import DEFAULT_TIMEOUT_S, ReadOnlyDatabase, SQLError, format_table
 
 T = TypeVar("T")
@@ -123,13 +123,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from rlf_envs.tasks.sql.data import ensure_database  # the generator is only needed here
 
         args.db = ensure_database(args.seed, args.cache_dir)
-    try:
-        database = ReadOnlyDatabase(args.db, timeout_s=args.timeout_s)
-    except (FileNotFoundError, ValueError) as error:
-        print(f"sqlite server: {error}", file=sys.stderr)
-        return 2
-    run_server(build_server(database, max_rows=args.max_rows), args)
-    return 0
+    return serve_or_exit(
+        "sqlite server",
+        args,
+        lambda: build_server(ReadOnlyDatabase(args.db, timeout_s=args.timeout_s), max_rows=args.max_rows),
+        (FileNotFoundError, ValueError),
+    )
 
 
 if __name__ == "__main__":

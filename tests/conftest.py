@@ -11,6 +11,8 @@ Fixtures here:
   test), ``prompts``: the tiny random Qwen3 of the trainer tests, built once per session;
 - ``shared_tiny_model_dir`` (session): the same model in a folder reused across runs
   (``$RLF_TEST_MODELS_DIR``, default ``<tmp>/rlf-test-models``), for the rlf-serve subprocesses;
+- ``tool_calling_model_dir`` (session): a copy fitted to answer with a ``sleep`` tool call, so a
+  training run of it has tool calls to show;
 - ``openai_server_instance`` (module) and ``openai_server`` (reset for each test): a scripted
   OpenAI-compatible server (:class:`tests.helpers.OpenAITestServer`);
 - ``world`` (module): the generated DeepSearch world of seed 0.
@@ -26,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import OpenAITestServer, build_tiny_model, tiny_model_path
+from tests.helpers import OpenAITestServer, build_tiny_model, tiny_model_path, tool_calling_model_path
 
 # ------------------------------------------------------------------------------------------------
 # The tiny random Qwen3
@@ -71,6 +73,12 @@ def prompts(tiny_tokenizer: Any) -> list[list[int]]:
 def shared_tiny_model_dir() -> Path:
     """The tiny Qwen3 in a folder shared between test runs (skips the test without transformers)."""
     return tiny_model_path()
+
+
+@pytest.fixture(scope="session")
+def tool_calling_model_dir() -> Path:
+    """The tiny Qwen3 fitted to call the latency server's ``sleep`` (:func:`tests.helpers.tool_calling_model_path`)."""
+    return tool_calling_model_path()
 
 
 # ------------------------------------------------------------------------------------------------

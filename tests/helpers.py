@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -346,3 +347,70 @@ def model_params(trainer: Any) -> dict[str, Any]:
     """A detached copy of every parameter and buffer of the trainer's (unwrapped) model."""
     model = trainer.accelerator.unwrap_model(trainer.model)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+TOOL_CALL_TEXT = '<tool_call>\n{"name": "sleep", "arguments": {"ms": 1}}\n</tool_call>'
+
+
+def tool_calling_model_path(steps: int = 300) -> Path:
+    """The tiny Qwen3 taught to answer every user turn with :data:`TOOL_CALL_TEXT` (the latency server's ``sleep``).
+
+    A random tiny model never writes a tool call, so runs of it have no tool calls to show. This
+    copy is fitted (AdamW, ``steps`` steps, loss on the reply only) to make that one call after the
+    first-turn prompts of RLF/ToolUse-v0 over the latency server (its real tool schemas in the
+    system prompt): seconds on a CPU; built once into the shared test-models folder and reused.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlf_trainer import chat
+
+    base = tiny_model_path()
+    out = base.parent / f"tiny-qwen3-sleep-caller-{steps}"
+    if (out / "model.safetensors").is_file():
+        return out
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    reply = chat.encode(tokenizer, TOOL_CALL_TEXT + "<|im_end|>")
+    rows = [(prompt, reply) for prompt in _latency_env_prompts(tokenizer)]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    for step in range(steps):
+        prompt, target = rows[step % len(rows)]
+        ids = torch.tensor([prompt + target])
+        labels = torch.tensor([[-100] * len(prompt) + target])
+        loss = model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)  # atomic: a concurrent reader never sees half a model
+    return out
+
+
+def _latency_env_prompts(tokenizer: Any) -> list[list[int]]:
+    """The first-turn prompt ids of RLF/ToolUse-v0 over the latency server, as a trainer renders them."""
+    import gymnasium as gym
+
+    from rlf_envs.servers.launch import stdio_server_entry
+    from rlf_trainer import chat
+
+    words = ("ping", "pong", "zorvia", "velmora", "quill", "arbor", "lumen", "brisk")
+    env = gym.make(
+        "RLF/ToolUse-v0",
+        mcp_servers={"mcpServers": {"latency": stdio_server_entry("rlf_envs.servers.latency", timeout_s=30)}},
+        tasks=[{"id": w, "question": f"Echo the word {w}.", "answer": w} for w in words],
+        reward="exact_match",
+    )
+    prompts = []
+    try:
+        for index in range(len(words)):
+            _, info = env.reset(options={"task_index": index})
+            prompts.append(chat.prompt_ids(tokenizer, info["messages"], info["tools"]))
+    finally:
+        env.close()
+    return prompts

@@ -157,13 +157,14 @@ def _train_form(ui: Page, model: Path, run: str, steps: int) -> None:
     ui.fill("train-model", str(model))
     ui.fill("train-run", run)
     ui.fill("train-steps", str(steps))
-    ui.fill("train-new-tokens", "16")
+    ui.fill("train-new-tokens", "32")
     ui.fill("train-lr", "0.001")
 
 
-def test_train_abort_start_finish_resume(ui: Page, project: Path, shared_tiny_model_dir: Path) -> None:
+def test_train_abort_start_finish_resume(ui: Page, project: Path, tool_calling_model_dir: Path) -> None:
     ui.tab("Train")
-    _train_form(ui, shared_tiny_model_dir, "tiny", -1)
+    # the tiny model fitted to call `sleep`: a random one never writes a tool call to show in Runs
+    _train_form(ui, tool_calling_model_dir, "tiny", -1)
     ui.click("train-preview")
     ui.sees("train-status", "max_steps must be >= 0")
     ui.fill("train-steps", "2")
@@ -207,6 +208,8 @@ def test_runs_curves_and_rollouts(ui: Page) -> None:
     ui.sees("runs-status", "point(s)")
     ui.click("rollout-show")
     ui.sees("rollout-html", "step 1: 4 episode(s) in 2 group(s)")  # the tiny run: G=2 x 2 prompts
+    ui.sees("rollout-html", "tool call: sleep")  # the run's own episodes called the tool
+    ui.screenshot("runs-training")
     ui.pick("rollout-run", "playground")
     ui.sees("runs-status", "playground")
     ui.click("rollout-show")

@@ -54,11 +54,12 @@ class Collected:
     version: int
 
 
-def sampling_params(config: Config, seed: int, *, temperature: float | None = None) -> SamplingParams:
+def sampling_params(config: Config, seed: int) -> SamplingParams:
+    """The train rollout's sampling settings (``rollout.*``) with this request batch's seed."""
     r = config.rollout
     return SamplingParams(
         max_new_tokens=r.max_new_tokens,
-        temperature=r.temperature if temperature is None else temperature,
+        temperature=r.temperature,
         top_p=r.top_p,
         top_k=r.top_k,
         seed=seed,

@@ -43,13 +43,17 @@ _ENTROPY_CHUNK = 1024  # token rows per entropy chunk: bounds the [rows, vocab] 
 
 
 # --------------------------------------------------------------------------------------------- 2, 3
+def trainable(parts: StepParts, batch: RolloutBatch) -> list[bool]:
+    """Per episode: False where its user simulator failed and ``rollout.drop_sim_errors`` is on."""
+    drop = parts.config.rollout.drop_sim_errors
+    return [not (drop and s.sim_error) for s in batch.stats]
+
+
 def batch_advantages(parts: StepParts, batch: RolloutBatch) -> tuple[torch.Tensor, list[list[float]]]:
     """``[N, T]`` token advantages of ``batch`` and the per-turn values they came from."""
     algo = parts.config.algorithm
     normalize = algo.normalize_std if algo.normalize_std is not None else algo.loss != "dr_grpo"
-    valid = [
-        not (parts.config.rollout.drop_sim_errors and getattr(s, "sim_error", None)) for s in batch.stats
-    ]
+    valid = trainable(parts, batch)
     per_turn = turn_advantages(
         batch.turn_rewards,
         parts.group_size,
@@ -101,8 +105,7 @@ def fill_batch(
         if not kept:  # no signal anywhere on this process: the update runs with weight 0
             return first, [], info
         batch = RolloutBatch.concat(kept, int(parts.policy.tokenizer.pad_token_id or 0))
-    drop = parts.config.rollout.drop_sim_errors
-    keep = [i for i, s in enumerate(batch.stats) if not (drop and getattr(s, "sim_error", None))]
+    keep = [i for i, ok in enumerate(trainable(parts, batch)) if ok]
     info["sim_errors_dropped"] = float(len(batch) - len(keep))
     return batch, keep, info
 
@@ -284,5 +287,6 @@ __all__ = [
     "play",
     "sampling_params",
     "train_step",
+    "trainable",
     "update",
 ]

@@ -16,7 +16,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib
 import logging
 import math
@@ -40,7 +39,7 @@ from rlf_trainer.metrics import (
     rollout_metrics,
     sample_records,
 )
-from rlf_trainer.policy.base import Policy, inference_state_dict
+from rlf_trainer.policy.base import Policy, SamplingParams, inference_state_dict
 from rlf_trainer.trajectory import EpisodeStats, RolloutBatch
 
 logger = logging.getLogger(__name__)
@@ -466,12 +465,12 @@ class GRPOTrainer:
         for chunk_start in range(0, len(mine), num_envs):
             chunk = mine[chunk_start : chunk_start + num_envs]
             padded = chunk + [chunk[-1]] * (num_envs - len(chunk))
-            sampling = grpo.sampling_params(
-                cfg,
-                ckpt.step_seed(cfg.seed, self.step, acc.process_index, 1 << 20, chunk_start),
+            sampling = SamplingParams(
+                max_new_tokens=cfg.rollout.max_new_tokens,
                 temperature=cfg.eval.temperature,
+                top_p=cfg.eval.top_p,
+                seed=ckpt.step_seed(cfg.seed, self.step, acc.process_index, 1 << 20, chunk_start),
             )
-            sampling = dataclasses.replace(sampling, top_p=cfg.eval.top_p, top_k=0)
             batch = grpo.play(self.parts, padded, sampling, cfg.env.test_split, group_size=1)
             stats.extend(batch.stats[: len(chunk)])
             transcripts.extend(batch.transcripts[: len(chunk)])

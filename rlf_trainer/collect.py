@@ -19,7 +19,7 @@ from rlf_trainer.config import Config
 from rlf_trainer.policy.base import Policy, SamplingParams
 from rlf_trainer.rollout import run_rollout
 from rlf_trainer.rollout_async import run_async_rollout
-from rlf_trainer.trajectory import RolloutBatch
+from rlf_trainer.rollout_batch import RolloutBatch
 
 _REFILL_SALT = 1 << 21  # generation seeds of refill rounds: a stream apart from the step's own
 

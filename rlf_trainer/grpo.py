@@ -37,7 +37,7 @@ from rlf_trainer.losses import (
     truncated_importance_weights,
 )
 from rlf_trainer.metrics import rollout_metrics
-from rlf_trainer.trajectory import RolloutBatch
+from rlf_trainer.rollout_batch import RolloutBatch
 
 _ENTROPY_CHUNK = 1024  # token rows per entropy chunk: bounds the [rows, vocab] softmax
 

@@ -39,20 +39,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from rlf_trainer.policy.base import Completion, Policy, SamplingParams
+from rlf_trainer.rollout_batch import RolloutBatch, to_batch
 from rlf_trainer.trajectory import (
     FINISH_ANSWER,
     FINISH_MAX_TOKENS,
     FINISH_MAX_TURNS,
     EpisodeStats,
-    RolloutBatch,
     RolloutError,
     TurnContext,
     add_completion,
     apply_step,
-    check_autoreset_disabled,
     env_info,
-    start_trajectory,
-    to_batch,
+    start_rollout,
     turn_end_id,
 )
 
@@ -93,30 +91,11 @@ def run_rollout(
     the loop (the env's own ``max_turns`` normally ends episodes first).
     """
     num_envs = int(envs.num_envs)
-    if len(prompt_indices) * group_size != num_envs:
-        raise RolloutError(
-            f"{len(prompt_indices)} prompts x group_size {group_size} != num_envs {num_envs}; "
-            "make the vector env with num_envs = prompts x group_size"
-        )
-    check_autoreset_disabled(envs)
     tokenizer = policy.tokenizer
-    end_id = turn_end_id(tokenizer)
-    sampling = dataclasses.replace(
-        sampling, stop_token_ids=tuple(dict.fromkeys([*sampling.stop_token_ids, end_id]))
-    )
-    timings = {"generate": 0.0, "tools+reward": 0.0, "tokenize": 0.0}
     started = time.perf_counter()
-
-    task_indices = [int(p) for p in prompt_indices for _ in range(group_size)]
-    t0 = time.perf_counter()
-    _, infos = envs.reset(options={"task_indices": task_indices, "split": split})
-    timings["tools+reward"] += time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    trajectories = [
-        start_trajectory(tokenizer, env_info(infos, i), group=i // group_size) for i in range(num_envs)
-    ]
-    timings["tokenize"] += time.perf_counter() - t0
+    begun = start_rollout(envs, tokenizer, prompt_indices, group_size, sampling, split)
+    trajectories, end_id, sampling = begun.trajectories, begun.end_id, begun.sampling
+    timings = {"generate": 0.0, "tools+reward": begun.reset_s, "tokenize": begun.tokenize_s}
 
     context = TurnContext(tokenizer, end_id, max_total_tokens)
     turn = 0

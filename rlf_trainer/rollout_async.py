@@ -34,18 +34,14 @@ from typing import Any
 
 from rlf_trainer.policy.async_policy import AsyncPolicy, as_async_policy
 from rlf_trainer.policy.base import SamplingParams
+from rlf_trainer.rollout_batch import RolloutBatch, to_batch
 from rlf_trainer.trajectory import (
-    RolloutBatch,
     RolloutError,
     Trajectory,
     TurnContext,
     add_completion,
     apply_step,
-    check_autoreset_disabled,
-    env_info,
-    start_trajectory,
-    to_batch,
-    turn_end_id,
+    start_rollout,
 )
 
 
@@ -85,28 +81,14 @@ async def arun_rollout(
     generation and env steps summed over episodes, and ``critical_path`` (the slowest episode's
     own generate + step time: what no scheduling can beat); ``batch.timelines`` the per-episode detail.
     """
-    num_envs = int(envs.num_envs)
-    if len(prompt_indices) * group_size != num_envs:
-        raise RolloutError(
-            f"{len(prompt_indices)} prompts x group_size {group_size} != num_envs {num_envs}; "
-            "make the vector env with num_envs = prompts x group_size"
-        )
     if not callable(getattr(envs, "astep_one", None)):
         raise RolloutError("the async rollout needs a vector env with astep_one (docs/env_contract.md)")
-    check_autoreset_disabled(envs)
+    num_envs = int(envs.num_envs)
     engine = as_async_policy(policy)
     tokenizer = engine.tokenizer
-    end_id = turn_end_id(tokenizer)
-    sampling = dataclasses.replace(
-        sampling, stop_token_ids=tuple(dict.fromkeys([*sampling.stop_token_ids, end_id]))
-    )
     started = time.perf_counter()
-    task_indices = [int(p) for p in prompt_indices for _ in range(group_size)]
-    _, infos = envs.reset(options={"task_indices": task_indices, "split": split})
-    reset_s = time.perf_counter() - started
-    trajectories = [
-        start_trajectory(tokenizer, env_info(infos, i), group=i // group_size) for i in range(num_envs)
-    ]
+    begun = start_rollout(envs, tokenizer, prompt_indices, group_size, sampling, split)
+    trajectories, end_id, sampling = begun.trajectories, begun.end_id, begun.sampling
     timelines = [EpisodeTimeline() for _ in range(num_envs)]
     context = TurnContext(tokenizer, end_id, max_total_tokens)
     episode = _Episode(envs, engine, sampling, context, max_turns, num_envs)
@@ -119,8 +101,8 @@ async def arun_rollout(
     await asyncio.gather(*(play(i) for i in range(num_envs)))
     timings = {
         "generate": sum(sum(t.generate_s) for t in timelines),
-        "tools+reward": reset_s + sum(sum(t.step_s) for t in timelines),
-        "tokenize": episode.tokenize_s,
+        "tools+reward": begun.reset_s + sum(sum(t.step_s) for t in timelines),
+        "tokenize": begun.tokenize_s + episode.tokenize_s,
         "critical_path": max(t.critical_path_s for t in timelines),
         "total": time.perf_counter() - started,
     }

@@ -40,7 +40,8 @@ from rlf_trainer.metrics import (
     sample_records,
 )
 from rlf_trainer.policy.base import Policy, SamplingParams, inference_state_dict
-from rlf_trainer.trajectory import EpisodeStats, RolloutBatch
+from rlf_trainer.rollout_batch import RolloutBatch
+from rlf_trainer.trajectory import EpisodeStats
 
 logger = logging.getLogger(__name__)
 

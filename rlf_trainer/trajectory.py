@@ -1,10 +1,11 @@
-"""The pieces both rollouts build episodes from: trajectories, their stats, and the padded batch.
+"""The pieces both rollouts build episodes from: trajectories and their stats.
 
 A :class:`Trajectory` is one episode's token sequence under construction; :func:`add_completion`
 appends a generated turn exactly as sampled (loss 1, sampler logprobs), :func:`apply_step` folds an
 env step into it (finish and score, or append the tool-result delta, or the simulated user's
 message on a dialogue turn, with loss 0), and
-:func:`to_batch` pads the finished episodes into a :class:`RolloutBatch`. The lockstep rollout
+:func:`rlf_trainer.rollout_batch.to_batch` pads the finished episodes into a
+:class:`~rlf_trainer.rollout_batch.RolloutBatch`. The lockstep rollout
 (:mod:`rlf_trainer.rollout`) and the async one (:mod:`rlf_trainer.rollout_async`) differ only in
 when they call these.
 """
@@ -12,15 +13,15 @@ when they call these.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
 from rlf_trainer import chat
-from rlf_trainer.policy.base import Completion
+from rlf_trainer.policy.base import Completion, SamplingParams
 
 FINISH_ANSWER = "answer"  # the env terminated the episode (an answer, or a turn without tool call)
 FINISH_MAX_TURNS = "max_turns"  # the env truncated it (max_turns or its own budget)
@@ -52,101 +53,6 @@ class EpisodeStats:
     reward_info: dict[str, Any] = field(default_factory=dict)
     user_turns: int = 0  # dialogue envs: messages of the simulated user after the prompt
     sim_error: str | None = None  # the env's info["sim_error"]: the user simulator failed (a kind)
-
-
-@dataclass
-class RolloutBatch:
-    """``N`` episodes as right-padded tensors plus per-episode records.
-
-    Per-token tensors are ``[N, T]`` and aligned with ``input_ids``: ``old_logprobs[i, t]`` is the
-    sampler's log-probability of ``input_ids[i, t]`` (0 where ``loss_mask`` is 0).
-    """
-
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    loss_mask: torch.Tensor
-    old_logprobs: torch.Tensor
-    rewards: torch.Tensor
-    group_ids: torch.Tensor
-    stats: list[EpisodeStats]
-    transcripts: list[list[dict[str, Any]]]
-    timings: dict[str, float]
-    tools: list[list[dict[str, Any]]] = field(default_factory=list)
-    timelines: list[Any] = field(default_factory=list)  # async rollout: per-episode generate/step seconds
-    # Per episode, per generated turn: its token columns [start, end) and the env's reward for it
-    # (the rewards of an episode sum to its return, ``rewards[i]``).
-    turn_spans: list[list[tuple[int, int]]] = field(default_factory=list)
-    turn_rewards: list[list[float]] = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return int(self.input_ids.shape[0])
-
-    def select(self, indices: Sequence[int] | torch.Tensor) -> RolloutBatch:
-        """The episodes at ``indices``, columns trimmed to the longest kept sequence."""
-        index = torch.as_tensor(
-            list(indices) if not isinstance(indices, torch.Tensor) else indices, dtype=torch.long
-        )
-        lengths = self.attention_mask[index].sum(dim=1)
-        width = int(lengths.max().item()) if len(index) else 0
-        picked = [int(i) for i in index.tolist()]
-        return dataclasses.replace(
-            self,
-            input_ids=self.input_ids[index, :width],
-            attention_mask=self.attention_mask[index, :width],
-            loss_mask=self.loss_mask[index, :width],
-            old_logprobs=self.old_logprobs[index, :width],
-            rewards=self.rewards[index],
-            group_ids=self.group_ids[index],
-            stats=[self.stats[i] for i in picked],
-            transcripts=[self.transcripts[i] for i in picked],
-            tools=[self.tools[i] for i in picked] if self.tools else [],
-            timelines=[self.timelines[i] for i in picked] if self.timelines else [],
-            turn_spans=[self.turn_spans[i] for i in picked] if self.turn_spans else [],
-            turn_rewards=[self.turn_rewards[i] for i in picked] if self.turn_rewards else [],
-        )
-
-    @staticmethod
-    def concat(batches: Sequence[RolloutBatch], pad_id: int) -> RolloutBatch:
-        """One batch of every episode of ``batches`` (right-padded with ``pad_id``; timings summed)."""
-        if len(batches) == 1:
-            return batches[0]
-        width = max(int(b.input_ids.shape[1]) for b in batches)
-
-        def cat(name: str, fill: int | float) -> torch.Tensor:
-            parts = [getattr(b, name) for b in batches]
-            padded = [torch.nn.functional.pad(p, (0, width - p.shape[1]), value=fill) for p in parts]
-            return torch.cat(padded)
-
-        timings: dict[str, float] = {}
-        for b in batches:
-            for key, value in b.timings.items():
-                timings[key] = timings.get(key, 0.0) + value
-        return RolloutBatch(
-            input_ids=cat("input_ids", pad_id),
-            attention_mask=cat("attention_mask", 0),
-            loss_mask=cat("loss_mask", 0),
-            old_logprobs=cat("old_logprobs", 0.0),
-            rewards=torch.cat([b.rewards for b in batches]),
-            group_ids=torch.cat([b.group_ids for b in batches]),
-            stats=[s for b in batches for s in b.stats],
-            transcripts=[t for b in batches for t in b.transcripts],
-            timings=timings,
-            tools=[t for b in batches for t in b.tools],
-            timelines=[t for b in batches for t in b.timelines],
-            turn_spans=[t for b in batches for t in b.turn_spans],
-            turn_rewards=[t for b in batches for t in b.turn_rewards],
-        )
-
-    def to(self, device: torch.device | str) -> RolloutBatch:
-        return dataclasses.replace(
-            self,
-            input_ids=self.input_ids.to(device),
-            attention_mask=self.attention_mask.to(device),
-            loss_mask=self.loss_mask.to(device),
-            old_logprobs=self.old_logprobs.to(device),
-            rewards=self.rewards.to(device),
-            group_ids=self.group_ids.to(device),
-        )
 
 
 @dataclass
@@ -236,6 +142,47 @@ def start_trajectory(tokenizer: Any, info: dict[str, Any], *, group: int) -> Tra
     traj = Trajectory(token_ids=[], loss_mask=[], logprobs=[], stats=stats, messages=messages, tools=tools)
     traj.append(ids, trained=False)
     return traj
+
+
+@dataclass
+class RolloutStart:
+    """What both rollouts begin with: a trajectory per env, the end-of-turn id, the sampling to use."""
+
+    trajectories: list[Trajectory]
+    end_id: int
+    sampling: SamplingParams  # the caller's, with the end-of-turn id among its stop tokens
+    reset_s: float
+    tokenize_s: float
+
+
+def start_rollout(
+    envs: Any,
+    tokenizer: Any,
+    prompt_indices: Sequence[int],
+    group_size: int,
+    sampling: SamplingParams,
+    split: str,
+) -> RolloutStart:
+    """Check the vector env, reset it on ``prompt_indices`` x ``group_size``, one trajectory per env."""
+    num_envs = int(envs.num_envs)
+    if len(prompt_indices) * group_size != num_envs:
+        raise RolloutError(
+            f"{len(prompt_indices)} prompts x group_size {group_size} != num_envs {num_envs}; "
+            "make the vector env with num_envs = prompts x group_size"
+        )
+    check_autoreset_disabled(envs)
+    end_id = turn_end_id(tokenizer)
+    sampling = dataclasses.replace(
+        sampling, stop_token_ids=tuple(dict.fromkeys([*sampling.stop_token_ids, end_id]))
+    )
+    task_indices = [int(p) for p in prompt_indices for _ in range(group_size)]
+    t0 = time.perf_counter()
+    _, infos = envs.reset(options={"task_indices": task_indices, "split": split})
+    t1 = time.perf_counter()
+    trajectories = [
+        start_trajectory(tokenizer, env_info(infos, i), group=i // group_size) for i in range(num_envs)
+    ]
+    return RolloutStart(trajectories, end_id, sampling, t1 - t0, time.perf_counter() - t1)
 
 
 def record_tool_use(stats: EpisodeStats, info: dict[str, Any]) -> None:
@@ -329,39 +276,6 @@ def append_tool_delta(
         traj.force_finish = True
         return
     traj.append(delta, trained=False)
-
-
-def to_batch(
-    trajectories: list[Trajectory], tokenizer: Any, end_id: int, timings: dict[str, float]
-) -> RolloutBatch:
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end_id
-    n = len(trajectories)
-    width = max(len(t.token_ids) for t in trajectories)
-    input_ids = torch.full((n, width), int(pad_id), dtype=torch.long)
-    attention_mask = torch.zeros((n, width), dtype=torch.long)
-    loss_mask = torch.zeros((n, width), dtype=torch.long)
-    old_logprobs = torch.zeros((n, width), dtype=torch.float32)
-    for row, traj in enumerate(trajectories):
-        length = len(traj.token_ids)
-        traj.stats.total_length = length
-        input_ids[row, :length] = torch.tensor(traj.token_ids, dtype=torch.long)
-        attention_mask[row, :length] = 1
-        loss_mask[row, :length] = torch.tensor(traj.loss_mask, dtype=torch.long)
-        old_logprobs[row, :length] = torch.tensor(traj.logprobs, dtype=torch.float32)
-    return RolloutBatch(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        loss_mask=loss_mask,
-        old_logprobs=old_logprobs,
-        rewards=torch.tensor([t.stats.reward for t in trajectories], dtype=torch.float32),
-        group_ids=torch.tensor([t.stats.group for t in trajectories], dtype=torch.long),
-        stats=[t.stats for t in trajectories],
-        transcripts=[t.messages for t in trajectories],
-        timings=dict(timings),
-        tools=[t.tools for t in trajectories],
-        turn_spans=[list(t.turn_spans) for t in trajectories],
-        turn_rewards=[turn_rewards_of(t) for t in trajectories],
-    )
 
 
 def add_completion(traj: Trajectory, completion: Completion, max_total_tokens: int) -> bool:

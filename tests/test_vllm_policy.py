@@ -93,6 +93,15 @@ class TestVLLMPolicy:
         for a, b in zip(from_vllm, from_hf, strict=True):
             assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=LOGPROB_ATOL)
 
+    @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU engine's settings")
+    def test_cpu_engine_caches_short_multi_turn_prefixes(self, vllm_policy):
+        # vLLM's CPU default (128-token blocks) would leave every history under 128 tokens uncached
+        from rlf_trainer.policy.vllm import CPU_BLOCK_SIZE
+
+        cache = vllm_policy.llm.llm_engine.vllm_config.cache_config
+        assert cache.enable_prefix_caching
+        assert cache.block_size == CPU_BLOCK_SIZE == 32
+
     def test_seeds_and_groups(self, vllm_policy, prompts):
         params = SamplingParams(max_new_tokens=12, seed=5)
         first = vllm_policy.generate([prompts[0]] * 4, params)
@@ -121,8 +130,8 @@ class TestVLLMPolicy:
         self, vllm_policy, tiny_model, prompts
     ):
         params = SamplingParams(max_new_tokens=10, seed=9)
-        # vLLM caches KV per full block (128 tokens on CPU): a 300-token prompt leaves two cached blocks,
-        # computed with the old weights, that a new request with this prompt would reuse
+        # vLLM caches KV per full block (32 tokens on CPU here): a 300-token prompt leaves nine cached
+        # blocks, computed with the old weights, that a new request with this prompt would reuse
         prompts = [*prompts, list(range(3, 303))]
         before = vllm_policy.generate(prompts, params)
         with torch.no_grad():

@@ -34,6 +34,8 @@ from rlf_trainer.policy.base import (
 )
 from rlf_trainer.policy.engine_loop import EngineLoop
 
+CPU_BLOCK_SIZE = 32  # KV block size VLLMPolicy gives vLLM on CPU (see __init__)
+
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedTokenizerBase
@@ -89,6 +91,10 @@ class VLLMPolicy:
             # vLLM's CPU runner cannot rewind a seeded request's generator after a partial
             # (chunked) prefill ("CPU Generator does not use offset"): whole prefills only.
             llm_kwargs.setdefault("enable_chunked_prefill", False)
+            # Prefix caching reuses whole KV blocks only, and vLLM's CPU default is 128-token
+            # blocks: a multi-turn history re-sent each turn would then re-prefill every token
+            # until it passes 128. 32 is the smallest size the CPU attention kernels prefer.
+            llm_kwargs.setdefault("block_size", CPU_BLOCK_SIZE)
         self.sleep_enabled = enable_sleep_mode
         self.sleep_level = sleep_level
         self.asleep = False

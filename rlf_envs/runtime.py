@@ -15,11 +15,14 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+_CLOSE_TIMEOUT_S = 10.0
 
 
 class LoopThread:
@@ -56,16 +59,34 @@ class LoopThread:
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
 
     def close(self) -> None:
-        """Stop the loop, cancel what is still pending and join the thread. Idempotent."""
+        """Cancel what is still pending, stop the loop and join the thread. Idempotent.
+
+        The clean-up runs on the loop's own thread, so closing works from a thread that is itself
+        running an event loop (a notebook, an async app, Playwright's sync API).
+        """
         if self.loop.is_closed():
             return
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("LoopThread.close() called from its own loop: close it from another thread")
         if self._thread.is_alive():
+            drained = asyncio.run_coroutine_threadsafe(_drain(), self.loop)
+            with contextlib.suppress(concurrent.futures.TimeoutError):
+                drained.result(timeout=_CLOSE_TIMEOUT_S)  # a task that ignores cancellation is left behind
             self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(timeout=10)
-        pending = [t for t in asyncio.all_tasks(self.loop) if not t.done()]
-        for task in pending:
-            task.cancel()
-        if pending:
-            self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        self.loop.run_until_complete(self.loop.shutdown_asyncgens())
-        self.loop.close()
+            self._thread.join(timeout=_CLOSE_TIMEOUT_S)
+        else:  # the loop thread died: drain on a helper thread, which runs no loop of its own
+            helper = threading.Thread(target=lambda: self.loop.run_until_complete(_drain()), daemon=True)
+            helper.start()
+            helper.join(timeout=_CLOSE_TIMEOUT_S)
+        if not self.loop.is_running():
+            self.loop.close()
+
+
+async def _drain() -> None:
+    """Cancel every other task of the running loop, wait for them, then close its async generators."""
+    current = asyncio.current_task()
+    pending = [task for task in asyncio.all_tasks() if task is not current and not task.done()]
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    await asyncio.get_running_loop().shutdown_asyncgens()

@@ -27,8 +27,7 @@ from typing import Any, Literal
 
 import yaml
 
-LossName = Literal["grpo", "dr_grpo", "dapo", "gspo"]
-KLEstimator = Literal["k1", "k2", "k3"]
+from rlf_trainer.names import KLEstimatorName, LossName, TurnRewardMode
 
 
 class ConfigError(ValueError):
@@ -119,6 +118,14 @@ class AlgorithmConfig:
     ``turn_rewards``: how per-turn env rewards become token advantages (``sum``: one advantage per
     episode over its return; ``discounted`` / ``per_turn_advantage`` with ``turn_discount``), see
     :mod:`rlf_trainer.advantages`.
+    ``num_iterations`` (TRL's name, CleanRL's ``update_epochs``): optimizer passes over each batch;
+    pi_old is frozen before the first, so from the second on the clip acts.
+    ``mini_batches`` (verl's ``train_batch_size / ppo_mini_batch_size``): optimizer steps per pass,
+    each on its own slice of the batch. Under ``old_logprobs=recompute`` with one iteration and one
+    mini-batch the ratio is 1 by construction, so setting ``clip_eps_*`` is an error.
+    ``overlong_buffer`` > 0: DAPO's soft overlong punishment on the episode reward, a ramp from 0
+    to ``-overlong_penalty_factor`` over the last ``overlong_buffer`` tokens before
+    ``rollout.max_new_tokens`` (per turn: an episode's longest turn counts).
     """
 
     loss: LossName = "grpo"
@@ -126,14 +133,18 @@ class AlgorithmConfig:
     clip_eps_low: float | None = None
     clip_eps_high: float | None = None
     beta: float = 0.0
-    kl_estimator: KLEstimator = "k3"
+    kl_estimator: KLEstimatorName = "k3"
     normalize_std: bool | None = None
     dynamic_sampling: bool = False
     old_logprobs: Literal["recompute", "rollout"] = "recompute"
     tis_cap: float | None = None
     max_refill_rounds: int = 0
-    turn_rewards: Literal["sum", "discounted", "per_turn_advantage"] = "sum"
+    turn_rewards: TurnRewardMode = "sum"
     turn_discount: float = 1.0
+    num_iterations: int = 1
+    mini_batches: int = 1
+    overlong_buffer: int = 0
+    overlong_penalty_factor: float = 1.0
 
 
 @dataclass
@@ -283,6 +294,12 @@ class Config:
             (self.checkpoint.every >= 0, "checkpoint.every must be >= 0"),
             (self.algorithm.max_refill_rounds >= 0, "algorithm.max_refill_rounds must be >= 0"),
             (0 <= self.algorithm.turn_discount <= 1, "algorithm.turn_discount must be in [0, 1]"),
+            (self.algorithm.num_iterations >= 1, "algorithm.num_iterations must be >= 1"),
+            (self.algorithm.mini_batches >= 1, "algorithm.mini_batches must be >= 1"),
+            (
+                0 <= self.algorithm.overlong_buffer <= self.rollout.max_new_tokens,
+                "algorithm.overlong_buffer must be in [0, rollout.max_new_tokens]",
+            ),
             (self.algorithm.tis_cap is None or self.algorithm.tis_cap >= 0, "algorithm.tis_cap must be >= 0"),
             (
                 self.rollout.max_concurrent_episodes is None or self.rollout.max_concurrent_episodes >= 1,
@@ -298,6 +315,15 @@ class Config:
             raise ConfigError(
                 f"{self.algorithm.loss} clips symmetrically: leave algorithm.clip_eps_high unset "
                 "or use algorithm.loss=dapo"
+            )
+        single_pass = algo.num_iterations == 1 and algo.mini_batches == 1
+        if single_pass and algo.old_logprobs == "recompute" and (
+            algo.clip_eps_low is not None or algo.clip_eps_high is not None
+        ):
+            raise ConfigError(
+                "algorithm.clip_eps_low/high have no effect with one optimizer pass over a batch and "
+                "old_logprobs=recompute (the ratio is exactly 1, nothing is clipped): unset them, or set "
+                "algorithm.num_iterations > 1, algorithm.mini_batches > 1 or old_logprobs=rollout"
             )
         if algo.loss == "gspo" and algo.turn_rewards != "sum":
             raise ConfigError("gspo has one ratio per sequence: algorithm.turn_rewards must be 'sum'")

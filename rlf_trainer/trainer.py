@@ -16,7 +16,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import math
 import os
@@ -29,8 +28,8 @@ import numpy as np
 import torch
 from accelerate.utils import gather_object
 
+from rlf_trainer import build, grpo
 from rlf_trainer import checkpoint as ckpt
-from rlf_trainer import grpo
 from rlf_trainer.config import Config, ConfigError, dump_config
 from rlf_trainer.metrics import (
     MetricsHistory,
@@ -40,32 +39,17 @@ from rlf_trainer.metrics import (
     sample_records,
 )
 from rlf_trainer.policy.base import Policy, SamplingParams, inference_state_dict
+from rlf_trainer.prompts import PromptSampler
 from rlf_trainer.rollout_batch import RolloutBatch
+from rlf_trainer.seeds import SeedKey
 from rlf_trainer.trajectory import EpisodeStats
 
 logger = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------------------------
-# Small pieces: model path, LR schedule, import strings
+# Small pieces: LR schedule, progress line, hparams
 # ---------------------------------------------------------------------------------------------------
-
-
-def resolve_model_path(config: Config) -> str:
-    """``model.path``, building the offline model first when ``model.prepare`` asks for one."""
-    raw = os.path.expandvars(os.path.expanduser(config.model.path)) if config.model.path else ""
-    prepare = config.model.prepare
-    if prepare is None:
-        return raw
-    from rlf_trainer import models
-
-    if prepare == "tiny-qwen3":
-        return str(models.build_tiny_qwen3(raw or models.default_cache_dir() / "tiny-qwen3"))
-    if raw and Path(raw).name != "smollm2-135m":
-        raise ConfigError(
-            "model.prepare=smollm2-135m builds <dir>/smollm2-135m: set model.path to such a folder"
-        )
-    return str(models.prepare_smollm2(Path(raw).parent if raw else None))
 
 
 class LRSchedule:
@@ -96,22 +80,6 @@ class LRSchedule:
         return self.min_ratio + (1.0 - self.min_ratio) * decay
 
 
-def import_object(spec: str) -> Any:
-    """``"package.module:attr"`` -> the object (``"package.module.attr"`` works too)."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep:
-        module_name, _, attr = spec.rpartition(".")
-    if not module_name or not attr:
-        raise ConfigError(f"import string {spec!r} is not of the form 'package.module:attr'")
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"cannot import {spec!r}: {exc}") from exc
-    return obj
-
-
 def progress_line(step: int, max_steps: int, metrics: dict[str, float]) -> str:
     """The line a step prints when stdout is not a terminal.
 
@@ -126,17 +94,6 @@ def progress_line(step: int, max_steps: int, metrics: dict[str, float]) -> str:
         left_s = metrics["time/step"] * (max_steps - step)
         parts.append(f"{metrics['time/step']:.1f} s/step  ~{left_s / 60:.1f} min to go")
     return "  ".join(parts)
-
-
-def env_kwargs(config: Config) -> dict[str, Any]:
-    """The kwargs for ``gym.make_vec``: ``env.kwargs`` + resolved ``env.import_kwargs`` + rollout limits."""
-    kwargs = dict(config.env.kwargs)
-    for key, spec in config.env.import_kwargs.items():
-        kwargs[key] = [import_object(s) for s in spec] if isinstance(spec, list) else import_object(spec)
-    if config.rollout.max_turns is not None:
-        kwargs["max_turns"] = config.rollout.max_turns
-    kwargs["autoreset_mode"] = "Disabled"  # a finished episode must stay finished until the batch ends
-    return kwargs
 
 
 def _flat_hparams(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -202,11 +159,13 @@ class GRPOTrainer:
             dump_config(config, self.run_dir / "config.yaml")
 
         with acc.main_process_first():
-            self.model_path = resolve_model_path(config)
-        self.tokenizer = self._load_tokenizer()
-        model = self._load_model()
+            self.model_path = build.resolve_model_path(config)
+        self.tokenizer = build.load_tokenizer(config, self.model_path)
+        model = build.load_model(config, self.model_path)
         self.ref_model = (
-            self._load_reference() if config.algorithm.beta > 0 and not config.lora.enabled else None
+            build.load_reference(config, self.model_path)
+            if config.algorithm.beta > 0 and not config.lora.enabled
+            else None
         )
         optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
@@ -237,10 +196,10 @@ class GRPOTrainer:
         self.last_batch: RolloutBatch | None = None
         self._last_saved_step: int | None = None
         self._last_eval_step: int | None = None
-        self.envs = self._make_envs()
+        self.envs = build.make_envs(config, self.local_prompts * self.group_size)
         try:  # the envs run tool-server processes: never leave them behind on a failed start
-            self.sampler = ckpt.PromptSampler(self._num_train_tasks(), config.seed)
-            self.policy: Policy = self._make_policy()
+            self.sampler = PromptSampler(build.num_train_tasks(config, self.envs), config.seed)
+            self.policy: Policy = build.make_policy(config, acc, self.model, self.tokenizer, self.model_path)
             self.parts = grpo.StepParts(
                 config=config,
                 accelerator=acc,
@@ -252,7 +211,6 @@ class GRPOTrainer:
                 envs=self.envs,
                 sampler=self.sampler,
                 local_prompts=self.local_prompts,
-                sync_weights=self._sync_policy_weights,
             )
             self.prefetch = grpo.Prefetch() if config.rollout.overlap else None
             self._resume()
@@ -262,98 +220,6 @@ class GRPOTrainer:
                 self.policy.close()
             self.envs.close()
             raise
-
-    # ------------------------------------------------------------------------------ construction
-    def _load_tokenizer(self) -> Any:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(
-            self.model_path, trust_remote_code=self.config.model.trust_remote_code
-        )
-        if tokenizer.pad_token_id is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        return tokenizer
-
-    def _from_pretrained(self) -> Any:
-        from transformers import AutoModelForCausalLM
-
-        dtype = self.config.model.dtype
-        return AutoModelForCausalLM.from_pretrained(
-            self.model_path,
-            dtype=dtype if dtype == "auto" else getattr(torch, dtype),
-            trust_remote_code=self.config.model.trust_remote_code,
-        )
-
-    def _load_model(self) -> Any:
-        cfg = self.config
-        model = self._from_pretrained()
-        if cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            model.config.use_cache = False
-        if cfg.lora.enabled:
-            from peft import LoraConfig as PeftLoraConfig
-            from peft import get_peft_model
-
-            if cfg.gradient_checkpointing:
-                model.enable_input_require_grads()
-            model = get_peft_model(
-                model,
-                PeftLoraConfig(
-                    r=cfg.lora.r,
-                    lora_alpha=cfg.lora.alpha,
-                    lora_dropout=cfg.lora.dropout,
-                    target_modules=cfg.lora.target_modules,
-                    task_type="CAUSAL_LM",
-                ),
-            )
-        model.train()
-        return model
-
-    def _load_reference(self) -> Any:
-        ref = self._from_pretrained()
-        if self.config.mixed_precision == "bf16":
-            ref = ref.to(torch.bfloat16)
-        ref.requires_grad_(False)
-        ref.eval()
-        return ref
-
-    def _make_envs(self) -> Any:
-        import gymnasium as gym
-
-        with contextlib.suppress(ImportError):
-            import rlf_envs  # noqa: F401  (registers the RLF/* ids; other registered envs work too)
-        num_envs = self.local_prompts * self.group_size
-        return gym.make_vec(self.config.env.id, num_envs=num_envs, **env_kwargs(self.config))
-
-    def _num_train_tasks(self) -> int | None:
-        if self.config.env.num_train_tasks is not None:
-            return self.config.env.num_train_tasks
-        # Optional extension of the env contract: a vector env may report its split sizes.
-        reporter = getattr(self.envs.unwrapped, "num_tasks", None)
-        if callable(reporter):
-            with contextlib.suppress(Exception):
-                return int(reporter(self.config.env.train_split))
-        return None
-
-    def _make_policy(self) -> Policy:
-        cfg = self.config
-        if cfg.policy.backend == "hf":
-            from rlf_trainer.policy.hf import HFPolicy
-
-            return HFPolicy(self.accelerator.unwrap_model(self.model), self.tokenizer)
-        from rlf_trainer.policy.vllm import VLLMPolicy
-
-        v = cfg.policy.vllm
-        return VLLMPolicy(
-            self.model_path,
-            tensor_parallel_size=v.tensor_parallel_size,
-            gpu_memory_utilization=v.gpu_memory_utilization,
-            enable_sleep_mode=v.enable_sleep_mode,
-            dtype=v.dtype,
-            max_model_len=v.max_model_len,
-            seed=cfg.seed + self.accelerator.process_index,
-            tokenizer=self.tokenizer,
-        )
 
     def _resume(self) -> None:
         path = ckpt.resolve_resume(self.config.checkpoint.resume, self.config.checkpoint_dir)
@@ -373,7 +239,7 @@ class GRPOTrainer:
         self.history = MetricsHistory(state.get("history", []))
         self._last_saved_step = self.step
         self._last_eval_step = state.get("last_eval_step")
-        self._sync_policy_weights()
+        grpo.sync_weights(self.parts)
         if self.accelerator.is_main_process:
             logger.warning("resumed from %s at step %d", path, self.step)
 
@@ -429,30 +295,6 @@ class GRPOTrainer:
             )
         return metrics
 
-    def _sync_policy_weights(self) -> None:
-        """Give a non-shared policy (vLLM) the current weights; sharded models are gathered first."""
-        if self.config.policy.backend != "vllm":
-            return
-        with self._full_parameters():
-            self.policy.update_weights(self.accelerator.unwrap_model(self.model))
-
-    @contextlib.contextmanager
-    def _full_parameters(self) -> Iterator[None]:
-        acc = self.accelerator
-        kind = acc.distributed_type.value
-        if kind == "DEEPSPEED" and acc.state.deepspeed_plugin.zero_stage == 3:
-            import deepspeed
-
-            with deepspeed.zero.GatheredParameters(list(self.model.parameters())):
-                yield
-        elif kind == "FSDP":
-            from torch.distributed.fsdp import FullyShardedDataParallel
-
-            with FullyShardedDataParallel.summon_full_params(self.model, writeback=False):
-                yield
-        else:
-            yield
-
     # ------------------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict[str, float]:
         """``eval.num_prompts`` test prompts, one sample each at ``eval.temperature``; logs samples JSONL."""
@@ -470,9 +312,11 @@ class GRPOTrainer:
                 max_new_tokens=cfg.rollout.max_new_tokens,
                 temperature=cfg.eval.temperature,
                 top_p=cfg.eval.top_p,
-                seed=ckpt.step_seed(cfg.seed, self.step, acc.process_index, 1 << 20, chunk_start),
             )
-            batch = grpo.play(self.parts, padded, sampling, cfg.env.test_split, group_size=1)
+            # eval episode = the global index of its prompt (prompts are dealt round-robin to processes)
+            first, stride = mine[chunk_start], acc.num_processes
+            seeds = SeedKey(cfg.seed, self.step, split="eval", first_episode=first, episode_stride=stride)
+            batch = grpo.play(self.parts, padded, sampling, cfg.env.test_split, group_size=1, seeds=seeds)
             stats.extend(batch.stats[: len(chunk)])
             transcripts.extend(batch.transcripts[: len(chunk)])
         self.policy.sleep()
@@ -504,7 +348,7 @@ class GRPOTrainer:
                     "sampler": self.sampler.state(self.step, cfg.rollout.prompts_per_step),
                     "rng": {
                         "seed": cfg.seed,
-                        "next_generation_seed": ckpt.step_seed(cfg.seed, self.step, 0),
+                        "sampling_seeds": "rlf_trainer.seeds.sample_seed(seed, step=..., episode=..., turn=...)",
                         "process_states": "random_states_<rank>.pkl (python, numpy, torch; saved by Accelerate)",
                     },
                     "last_eval_step": self._last_eval_step,
@@ -530,7 +374,7 @@ class GRPOTrainer:
         out = Path(path) if path is not None else self.config.model_dir
         acc = self.accelerator
         acc.wait_for_everyone()
-        with self._full_parameters():
+        with grpo.full_parameters(acc, self.model):
             if acc.is_main_process:
                 model = acc.unwrap_model(self.model)
                 weights = {name: t.detach().contiguous() for name, t in inference_state_dict(model).items()}

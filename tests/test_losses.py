@@ -305,7 +305,7 @@ def test_every_loss_adds_the_chosen_kl_estimator_like_its_own_surrogate(estimato
     expected = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}[estimator](logp, ref) * MASK
     assert torch.allclose(per_token * MASK, 0.5 * expected)
     assert metrics["kl"].item() == pytest.approx(expected.sum().item() / MASK.sum().item(), abs=1e-6)
-    for variant, aggregate in [
+    for variant, expected_share in [
         ("grpo", lambda v: seq_mean_token_mean(v, MASK)),
         ("dapo", lambda v: (v * MASK).sum() / MASK.sum()),
         ("dr_grpo", lambda v: (v * MASK).sum() / (v.shape[0] * 10)),
@@ -314,7 +314,7 @@ def test_every_loss_adds_the_chosen_kl_estimator_like_its_own_surrogate(estimato
         with_kl, m = policy_loss(
             variant, logp, old, ADV, MASK, max_len=10, ref_logp=ref, beta=0.5, kl_estimator=estimator
         )
-        assert with_kl.item() == pytest.approx(base.item() + aggregate(per_token).item(), abs=1e-6)
+        assert with_kl.item() == pytest.approx(base.item() + expected_share(per_token).item(), abs=1e-6)
         assert m["kl"].item() == pytest.approx(metrics["kl"].item())
 
 

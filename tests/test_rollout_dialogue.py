@@ -166,11 +166,11 @@ def test_grpo_drops_flagged_episodes_from_the_batch(tiny_model, tiny_tokenizer):
 
     def parts(drop: bool) -> StepParts:
         config.rollout.drop_sim_errors = drop
-        return StepParts(config, None, None, None, None, None, None, None, None, 2, lambda: None)
+        return StepParts(config, None, None, None, None, None, None, None, None, 2)
 
-    _, keep, info = fill_batch(parts(True), 1, batch)
+    _, _, keep, info = fill_batch(parts(True), 1, batch)
     assert keep == [0, 1] and info["sim_errors_dropped"] == 2.0
-    _, keep, info = fill_batch(parts(False), 1, batch)
+    _, _, keep, info = fill_batch(parts(False), 1, batch)
     assert keep == [0, 1, 2, 3] and info["sim_errors_dropped"] == 0.0
 
 

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from rlf_trainer.checkpoint import PromptSampler, list_checkpoints, read_state
+from rlf_trainer.checkpoint import list_checkpoints, read_state
+from rlf_trainer.prompts import PromptSampler
 from rlf_trainer.trainer import GRPOTrainer, LRSchedule, eval_due
 from tests.helpers import REPO, TINY_CONFIG, model_params, text_reward, tiny_config, train_py_command
 

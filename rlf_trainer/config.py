@@ -122,7 +122,7 @@ class AlgorithmConfig:
     pi_old is frozen before the first, so from the second on the clip acts.
     ``mini_batches`` (verl's ``train_batch_size / ppo_mini_batch_size``): optimizer steps per pass,
     each on its own slice of the batch. Under ``old_logprobs=recompute`` with one iteration and one
-    mini-batch the ratio is 1 by construction, so setting ``clip_eps_*`` is an error.
+    mini-batch the ratio is 1 by construction: ``clip_eps_*`` are then ignored, with a warning.
     ``overlong_buffer`` > 0: DAPO's soft overlong punishment on the episode reward, a ramp from 0
     to ``-overlong_penalty_factor`` over the last ``overlong_buffer`` tokens before
     ``rollout.max_new_tokens`` (per turn: an episode's longest turn counts).
@@ -320,10 +320,12 @@ class Config:
         if single_pass and algo.old_logprobs == "recompute" and (
             algo.clip_eps_low is not None or algo.clip_eps_high is not None
         ):
-            raise ConfigError(
-                "algorithm.clip_eps_low/high have no effect with one optimizer pass over a batch and "
-                "old_logprobs=recompute (the ratio is exactly 1, nothing is clipped): unset them, or set "
-                "algorithm.num_iterations > 1, algorithm.mini_batches > 1 or old_logprobs=rollout"
+            import logging
+
+            logging.getLogger(__name__).warning(
+                "algorithm.clip_eps_low/high are ignored: with one optimizer pass over a batch and "
+                "old_logprobs=recompute the ratio is exactly 1 and nothing is clipped (set "
+                "algorithm.num_iterations > 1, algorithm.mini_batches > 1 or old_logprobs=rollout)"
             )
         if algo.loss == "gspo" and algo.turn_rewards != "sum":
             raise ConfigError("gspo has one ratio per sequence: algorithm.turn_rewards must be 'sum'")

@@ -8,6 +8,8 @@ episode; these sync policies are adapted by ``as_async_policy``, one request at 
 
 from __future__ import annotations
 
+import dataclasses
+
 import asyncio
 import re
 import threading
@@ -111,7 +113,11 @@ class RecordingPolicy(HFPolicy):
     def generate(self, prompts, params):
         texts = [self.tokenizer.decode(p) for p in prompts]
         forced = [self.forced_question in t and t.count("<|im_start|>assistant") == 1 for t in texts]
-        sampled = iter(super().generate([p for p, f in zip(prompts, forced, strict=True) if not f], params))
+        seeds = params.request_seeds(len(prompts))
+        sampled_params = dataclasses.replace(
+            params, seeds=None if params.seeds is None else tuple(s for s, f in zip(seeds, forced) if not f)
+        )
+        sampled = iter(super().generate([p for p, f in zip(prompts, forced, strict=True) if not f], sampled_params))
         replayed = iter(self.replay.generate([p for p, f in zip(prompts, forced, strict=True) if f], params))
         completions = [next(replayed) if f else next(sampled) for f in forced]
         for prompt, completion in zip(prompts, completions, strict=True):

@@ -18,7 +18,7 @@ from typing import Any
 import gymnasium as gym
 
 from rlf_envs.dialogue.flags import SimChecks
-from rlf_envs.dialogue.runner import SimulatorRunner
+from rlf_envs.dialogue.runner import DEFAULT_SIM_TIMEOUT_S, SimulatorRunner
 from rlf_envs.dialogue.simulator import resolve_user_simulator
 from rlf_envs.episode import EpisodeState
 from rlf_envs.runtime import LoopThread
@@ -59,7 +59,7 @@ class ToolSettings:
 
 def build_user_simulator(
     task: Task, spec: Any = None, checks: SimChecks | Mapping[str, Any] | bool | None = None,
-    timeout_s: float = 120.0,
+    timeout_s: float = DEFAULT_SIM_TIMEOUT_S,
 ) -> SimulatorRunner | None:  # fmt: skip
     """The env's user simulator: ``spec`` (None: the task's default; False: none) with its checks.
 
@@ -74,13 +74,7 @@ def build_user_simulator(
     simulator = resolve_user_simulator(task.default_user_simulator() if spec is None else spec)
     if simulator is None:
         return None
-    if checks is None or checks is True:
-        checks = SimChecks()
-    elif checks is False:
-        checks = SimChecks(enabled=False)
-    elif isinstance(checks, Mapping):
-        checks = SimChecks(**dict(checks))
-    return SimulatorRunner(simulator, checks, timeout_s=timeout_s)
+    return SimulatorRunner(simulator, SimChecks.from_spec(checks), timeout_s=timeout_s)
 
 
 def pick_instance(task: Task, split: str, index: int | None, rng: Any) -> TaskInstance:
@@ -117,7 +111,7 @@ class ToolEnv(gym.Env[str, str]):
         render_mode: str | None = None,
         user_simulator: Any = None,
         sim_checks: SimChecks | Mapping[str, Any] | bool | None = None,
-        sim_timeout_s: float = 120.0,
+        sim_timeout_s: float = DEFAULT_SIM_TIMEOUT_S,
     ) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(

@@ -24,6 +24,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from rlf_envs.dialogue.flags import SimChecks
+from rlf_envs.dialogue.runner import DEFAULT_SIM_TIMEOUT_S
 from rlf_envs.env import DEFAULT_MAX_TEXT_LENGTH, ToolSettings, build_user_simulator, pick_instance
 from rlf_envs.episode import EpisodeState, StepOutcome
 from rlf_envs.runtime import LoopThread
@@ -64,7 +65,7 @@ class ToolVectorEnv(VectorEnv):
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
         user_simulator: Any = None,
         sim_checks: SimChecks | Mapping[str, Any] | bool | None = None,
-        sim_timeout_s: float = 120.0,
+        sim_timeout_s: float = DEFAULT_SIM_TIMEOUT_S,
     ) -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")

@@ -26,6 +26,7 @@ from rlf_trainer.policy.base import Completion, SamplingParams
 FINISH_ANSWER = "answer"  # the env terminated the episode (an answer, or a turn without tool call)
 FINISH_MAX_TURNS = "max_turns"  # the env truncated it (max_turns or its own budget)
 FINISH_MAX_TOKENS = "max_total_tokens"  # our token budget ran out; force-finished with an empty turn
+FINISH_SIM_ERROR = "sim_error"  # the env ended it because the user simulator failed (info["sim_error"])
 
 
 class RolloutError(RuntimeError):
@@ -221,6 +222,8 @@ def finish_trajectory(traj: Trajectory, reward: float, info: dict[str, Any], *, 
     stats.reward_info = dict(info.get("reward_info") or {})
     if traj.force_finish:
         stats.finish_reason = FINISH_MAX_TOKENS
+    elif info.get("sim_error"):
+        stats.finish_reason = FINISH_SIM_ERROR
     else:
         stats.finish_reason = FINISH_ANSWER if terminated else FINISH_MAX_TURNS
     if "answer" in info:

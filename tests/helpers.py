@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -157,7 +157,8 @@ class OpenAITestServer:
     Replies with :func:`scripted_reply`. The model name scripts failures: ``fail-<status>`` answers
     that HTTP status, ``hang`` never answers, ``garbage`` answers a 200 that is not JSON, ``empty``
     an empty message. Knobs: ``delay_s`` before each reply, ``fail_first`` (HTTP 500 for the first
-    k requests), ``reply`` (a fixed reply text). Counters: ``requests``, ``in_flight``,
+    k requests), ``reply`` (a fixed reply text), ``responder`` (a function of the request body
+    that returns the reply text). Counters: ``requests``, ``in_flight``,
     ``peak_in_flight``, ``bodies``.
     """
 
@@ -171,6 +172,7 @@ class OpenAITestServer:
         self.delay_s = 0.0
         self.fail_first = 0
         self.reply: str | None = None
+        self.responder: Callable[[dict[str, Any]], str] | None = None
         self.requests = 0
         self.in_flight = 0
         self.peak_in_flight = 0
@@ -215,7 +217,12 @@ class OpenAITestServer:
             if model == "garbage":
                 return web.Response(text="<html>not a completion</html>")
             await asyncio.sleep(self.delay_s)
-            text = "" if model == "empty" else self.reply if self.reply is not None else scripted_reply(body)
+            if model == "empty":
+                text = ""
+            elif self.responder is not None:
+                text = self.responder(body)
+            else:
+                text = self.reply if self.reply is not None else scripted_reply(body)
             return web.json_response(
                 {
                     "id": "chatcmpl-test",

@@ -49,7 +49,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from rlf_envs.dialogue import rules
+from rlf_envs.dialogue.rules import (
+    agent_voice,
+    leaked_run,
+    parroted,
+    prompt_talk,
+    role_labels,
+    self_identification,
+    special_tokens,
+    stop_marker_misuse,
+    tool_call_json,
+)
 
 __all__ = ["DEFAULT_STOP_MARKER", "JudgeSettings", "SimChecks", "SimErrorKind", "SimFlag", "check_reply"]
 
@@ -157,7 +167,7 @@ def _format_flag(raw: str, checks: SimChecks) -> SimFlag | None:
         return SimFlag(SimErrorKind.BROKE_FORMAT, "empty reply")
     if len(raw) > checks.max_chars:
         return SimFlag(SimErrorKind.BROKE_FORMAT, f"reply of {len(raw)} chars > {checks.max_chars}")
-    why = rules.special_tokens(raw) or rules.tool_call_json(raw)
+    why = special_tokens(raw) or tool_call_json(raw)
     if why is not None:
         return SimFlag(SimErrorKind.BROKE_FORMAT, why)
     garbled = _GARBLED.search(raw)
@@ -167,12 +177,12 @@ def _format_flag(raw: str, checks: SimChecks) -> SimFlag | None:
 
 
 def _leak_flag(raw: str, body: str, lower: str, context: _Context, checks: SimChecks) -> SimFlag | None:
-    why = rules.stop_marker_misuse(raw, context.stop_marker) or rules.prompt_talk(lower)
+    why = stop_marker_misuse(raw, context.stop_marker) or prompt_talk(lower)
     if why is None:
-        run = rules.leaked_run(body, context.instructions, checks.min_leak_words)
+        run = leaked_run(body, context.instructions, checks.min_leak_words)
         why = None if run is None else f"quotes its instructions: {run!r}"
     if why is None and context.prompt_rest:
-        run = rules.leaked_run(body, context.prompt_rest, checks.prompt_leak_words, fold_person=True)
+        run = leaked_run(body, context.prompt_rest, checks.prompt_leak_words, fold_person=True)
         why = None if run is None else f"quotes its system prompt: {run!r}"
     return None if why is None else SimFlag(SimErrorKind.REVEALED_GOAL, why)
 
@@ -221,13 +231,13 @@ def check_reply(
     context = _Context(instructions, prompt_rest, agent_message, stop_marker)
     if checks.goal_leak and (flag := _leak_flag(raw, body, lower, context, checks)):
         return flag
-    if checks.role_labels and (why := rules.role_labels(body)):
+    if checks.role_labels and (why := role_labels(body)):
         return SimFlag(SimErrorKind.ROLE_LABELS, why)
-    if checks.persona and (why := rules.self_identification(lower)):
+    if checks.persona and (why := self_identification(lower)):
         return SimFlag(SimErrorKind.LEFT_PERSONA, why)
-    if checks.parrot and (why := rules.parroted(body, agent_message)):
+    if checks.parrot and (why := parroted(body, agent_message)):
         return SimFlag(SimErrorKind.PARROTED_AGENT, why)
-    if checks.role_flip and (why := rules.agent_voice(lower)):
+    if checks.role_flip and (why := agent_voice(lower)):
         return SimFlag(SimErrorKind.ROLE_FLIP, why)
     if checks.premature_stop and stopped and turn < checks.min_replies_before_stop:
         return SimFlag(SimErrorKind.PREMATURE_STOP, f"stop marker on reply {turn + 1}")

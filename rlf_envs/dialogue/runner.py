@@ -83,7 +83,9 @@ class SimulatorRunner:
         own = getattr(self.simulator, "system_text", None)
         if callable(own):
             return str(own(request))
-        return DEFAULT_SIMULATOR_PROMPT.format(instructions=request.instructions, stop_marker=self.stop_marker)
+        return DEFAULT_SIMULATOR_PROMPT.format(
+            instructions=request.instructions, stop_marker=self.stop_marker
+        )
 
     async def next_turn(self, request: UserTurnRequest) -> UserTurn:
         """The user's next message, or a flagged failure; never raises (but for cancellation)."""

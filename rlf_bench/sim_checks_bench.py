@@ -81,9 +81,10 @@ async def score(rows: Sequence[LabelledReply], judge: SimulatorJudge | None = No
     flags = [rules_flag(row) for row in rows]
     if judge is None:
         return [Scored(row, flag) for row, flag in zip(rows, flags, strict=True)]
-    todo = [i for i, flag in enumerate(flags) if flag is None]
+    texts = [row.reply.replace(DEFAULT_STOP_MARKER, " ").strip() for row in rows]
+    todo = [i for i, flag in enumerate(flags) if flag is None and texts[i]]  # as the env's runner does
     verdicts = await judge.judge_many(
-        [JudgeItem(rows[i].reply, rows[i].agent, rows[i].instructions) for i in todo]
+        [JudgeItem(texts[i], rows[i].agent, rows[i].instructions) for i in todo]
     )
     judged = dict(zip(todo, verdicts, strict=True))
     return [Scored(row, flag, judged.get(i)) for i, (row, flag) in enumerate(zip(rows, flags, strict=True))]

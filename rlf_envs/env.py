@@ -74,7 +74,13 @@ def build_user_simulator(
     simulator = resolve_user_simulator(task.default_user_simulator() if spec is None else spec)
     if simulator is None:
         return None
-    return SimulatorRunner(simulator, SimChecks.from_spec(checks), timeout_s=timeout_s)
+    if checks is None or checks is True:
+        checks = SimChecks()
+    elif checks is False:
+        checks = SimChecks(enabled=False)
+    elif isinstance(checks, Mapping):
+        checks = SimChecks(**dict(checks))
+    return SimulatorRunner(simulator, checks, timeout_s=timeout_s)
 
 
 def pick_instance(task: Task, split: str, index: int | None, rng: Any) -> TaskInstance:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import re
 import threading
 
@@ -88,11 +89,9 @@ def _judge_line(body) -> str:
 def test_bench_with_a_scripted_judge_adds_its_flags(openai_server, capsys):
     openai_server.responder = lambda body: "OUT" if "?" in _judge_line(body) else "IN"
     assert main(["--split", "dev", "--judge-url", openai_server.url, "--judge-model", "judge", "--json"]) == 0
-    import json
-
     summary = json.loads(capsys.readouterr().out)["dev"]
     dev = [r for r in ROWS if r.split == "dev"]
-    passed = [r for r in dev if rules_flag(r) is None]
+    passed = [r for r in dev if rules_flag(r) is None and r.reply.strip() != DEFAULT_STOP_MARKER]
     assert openai_server.requests == len(passed) and openai_server.peak_in_flight > 1
     good = [r for r in dev if r.label == "good"]
     expected_fp = sum(1 for r in good if rules_flag(r) is not None or "?" in r.reply)
@@ -124,6 +123,21 @@ def test_judge_flags_out_of_character_turns_all_at_once(openai_server):
         assert "Which number?" in judged and INSTRUCTIONS in judged
     finally:
         envs.close()
+
+
+def test_the_judge_sees_a_stop_without_its_marker_and_never_a_bare_marker(openai_server):
+    from rlf_envs.dialogue import SimChecks, SimulatorRunner, resolve_user_simulator
+    from rlf_envs.types import TaskInstance
+
+    checks = SimChecks(judge={"base_url": openai_server.url, "model": "judge"})
+    for reply, requests in [(f"Thanks, bye! {DEFAULT_STOP_MARKER}", 1), (DEFAULT_STOP_MARKER, 0)]:
+        openai_server.reset()
+        openai_server.responder = lambda body: "IN"
+        runner = SimulatorRunner(resolve_user_simulator(lambda r, reply=reply: reply), checks)
+        request = UserTurnRequest(TaskInstance("0", "Hi"), INSTRUCTIONS, [], turn=2)
+        turn = asyncio.run(runner.next_turn(request))
+        assert turn.stop and turn.flag is None and openai_server.requests == requests
+        assert all(DEFAULT_STOP_MARKER not in json.dumps(b) for b in openai_server.bodies)
 
 
 @pytest.mark.timeout(60)

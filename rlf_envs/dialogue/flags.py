@@ -46,8 +46,7 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field
 
 from rlf_envs.dialogue.rules import (
     agent_voice,
@@ -143,20 +142,6 @@ class SimChecks:
     def __post_init__(self) -> None:
         if isinstance(self.judge, Mapping):
             object.__setattr__(self, "judge", JudgeSettings(**dict(self.judge)))
-
-    @classmethod
-    def from_spec(cls, spec: SimChecks | Mapping[str, Any] | bool | None) -> SimChecks:
-        """An env's ``sim_checks=`` as checks: None/True the defaults, False off, or a dict of fields."""
-        if spec is None or spec is True:
-            return cls()
-        if spec is False:
-            return cls(enabled=False)
-        if isinstance(spec, SimChecks):
-            return spec
-        unknown = set(spec) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown sim_checks keys {sorted(unknown)}")
-        return cls(**dict(spec))
 
 
 _GARBLED = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")

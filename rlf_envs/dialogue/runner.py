@@ -107,9 +107,9 @@ class SimulatorRunner:
             raw, request.instructions, turn=request.turn, stop_marker=self.stop_marker, checks=self.checks,
             agent_message=agent_message, system_prompt=self.system_text(request),
         )  # fmt: skip
-        if flag is None and self.judge is not None:
-            flag = await self.judge.judge(JudgeItem(raw, agent_message, request.instructions))
         text = raw.replace(self.stop_marker, " ").strip()
+        if flag is None and self.judge is not None and text:  # the rules vouched for the marker's use
+            flag = await self.judge.judge(JudgeItem(text, agent_message, request.instructions))
         return UserTurn(text=text, stop=self.stop_marker in raw, raw=raw, flag=flag)
 
     async def aclose(self) -> None:

@@ -121,6 +121,7 @@ class AlgorithmConfig:
     :mod:`rlf_trainer.advantages`.
     """
 
+    name: Literal["grpo", "sft"] = "grpo"
     loss: LossName = "grpo"
     group_size: int = 4
     clip_eps_low: float | None = None
@@ -134,6 +135,15 @@ class AlgorithmConfig:
     max_refill_rounds: int = 0
     turn_rewards: Literal["sum", "discounted", "per_turn_advantage"] = "sum"
     turn_discount: float = 1.0
+
+
+@dataclass
+class SFTConfig:
+    """``algorithm.name: sft``: supervised fine-tuning on ``data`` (chat-messages JSONL, e.g. from
+    ``rlf-collect``), ``batch_size`` examples per optimizer step across all processes."""
+
+    data: str = ""
+    batch_size: int = 8
 
 
 @dataclass
@@ -234,6 +244,7 @@ class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -294,6 +305,10 @@ class Config:
             if not ok:
                 raise ConfigError(message)
         algo = self.algorithm
+        if algo.name == "sft" and not self.sft.data:
+            raise ConfigError("algorithm.name=sft needs sft.data: a chat-messages JSONL file (rlf-collect writes one)")
+        if self.sft.batch_size < 1:
+            raise ConfigError("sft.batch_size must be >= 1")
         if algo.loss in ("grpo", "dr_grpo") and algo.clip_eps_high not in (None, algo.clip_eps_low):
             raise ConfigError(
                 f"{self.algorithm.loss} clips symmetrically: leave algorithm.clip_eps_high unset "

@@ -154,3 +154,77 @@ def test_load_sft_examples_skips_too_long_and_names_bad_lines(tmp_path, tiny_tok
         f.write('{"messages": [{"role": "assistant", "content": "hi"}]}\n')
     with pytest.raises(SFTDataError, match="demos.jsonl:4: a demonstration needs prompt messages"):
         load_sft_examples(out, tiny_tokenizer, max_total_tokens=10**6)
+
+
+# --------------------------------------------------------------------------------------------- training
+@pytest.fixture(scope="module")
+def demos_file(tmp_path_factory, two_hop_tasks):
+    out = tmp_path_factory.mktemp("demos") / "demos.jsonl"
+    tasks = [*two_hop_tasks, *select_tasks(DeepSearchTask(world_seed=0), "train", {"hops": ["1"]}, limit=3)]
+    collect_demonstrations(ENV_ID, ScriptedAgent(DeepSearchOracle(0)), out=out, task_indices=tasks)
+    return out
+
+
+def sft_config(tiny_model_dir, run_dir, demos, *overrides):
+    from tests.helpers import tiny_config
+
+    return tiny_config(tiny_model_dir, run_dir, "algorithm.name=sft", f"sft.data={demos}", "sft.batch_size=4",
+                       "optim.lr=1e-3", "rollout.max_total_tokens=2048", "eval.every=0", *overrides)  # fmt: skip
+
+
+def test_sft_step_loss_is_the_masked_token_mean_nll(tiny_model_dir, tmp_path, demos_file, tiny_tokenizer):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlf_trainer.sft import padded, step_examples
+    from rlf_trainer.trainer import GRPOTrainer
+
+    config = sft_config(tiny_model_dir, tmp_path, demos_file, "max_steps=1", "checkpoint.every=0")
+    trainer = GRPOTrainer(config)
+    examples = step_examples(trainer.sft_data, trainer.sft_sampler, 0, 4, 0, 1)
+    before = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    batch = padded(examples, tiny_tokenizer.pad_token_id or 0)
+    with torch.no_grad():
+        logits = before(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+    logp = torch.log_softmax(logits.float(), -1).gather(2, batch["input_ids"][:, 1:, None])[..., 0]
+    mask = batch["loss_mask"][:, 1:].float()
+    expected = float(-(logp * mask).sum() / mask.sum())
+    metrics = trainer.train_step()
+    trainer.close()
+    assert metrics["sft/loss"] == pytest.approx(expected, rel=1e-4)
+    assert metrics["sft/tokens"] == float(mask.sum())
+    assert "reward/mean" not in metrics and "grad_norm" in metrics
+
+
+def test_sft_resume_is_exact_then_grpo_continues_from_the_sft_model(tiny_model_dir, tmp_path, demos_file):
+    from rlf_trainer.trainer import GRPOTrainer
+    from tests.helpers import model_params, tiny_config
+
+    full = GRPOTrainer(sft_config(tiny_model_dir, tmp_path / "a", demos_file, "max_steps=2"))
+    history = full.train()
+    params = model_params(full)
+    assert (tmp_path / "a" / "tiny_test" / "model" / "config.json").exists()
+    # resume from the step-1 checkpoint: step 2 is the same step
+    resumed_dir = tmp_path / "b"
+    import shutil
+
+    shutil.copytree(tmp_path / "a", resumed_dir)
+    ckpts = sorted((resumed_dir / "tiny_test" / "checkpoints").glob("step_*"))
+    shutil.rmtree(ckpts[-1])
+    resumed = GRPOTrainer(sft_config(tiny_model_dir, resumed_dir, demos_file, "max_steps=2"))
+    assert resumed.step == 1
+    again = resumed.train()
+    assert again.records[-1]["sft/loss"] == history.records[-1]["sft/loss"]
+    for name, value in model_params(resumed).items():
+        assert torch_equal(value, params[name]), name
+    # the exported SFT model is where GRPO starts
+    grpo = GRPOTrainer(tiny_config(tmp_path / "a" / "tiny_test" / "model", tmp_path / "c", "max_steps=2",
+                                   "eval.every=0"))  # fmt: skip
+    rows = grpo.train().records
+    assert len(rows) == 2 and all("reward/mean" in r for r in rows)
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))

@@ -198,13 +198,20 @@ class PolicyConfig:
 
 @dataclass
 class EvalConfig:
-    """Evaluation on the env's test split every ``every`` steps (0 = never), one sample a prompt."""
+    """Evaluation on the env's test split every ``every`` steps (0 = never), one sample a prompt.
+
+    The prompts are a seeded sample of ``num_prompts`` across the whole split (the same sample at
+    every eval), never just its first rows: a split ordered by difficulty would flatter the model.
+    ``group_by`` names a task metadata key whose values get metrics of their own
+    (``eval/hops=2/accuracy``)."""
 
     every: int = 0
     num_prompts: int = 16
     temperature: float = 0.0
     top_p: float = 1.0
     samples_to_log: int = 8
+    group_by: str | None = None  # a task metadata key (e.g. "hops"): eval metrics per value too
+    sample_seed: int = 0  # which test prompts: the same sample for every eval and every run seed
 
 
 @dataclass

@@ -16,6 +16,8 @@ import json
 import sys
 from typing import Any
 
+import numpy as np
+
 from rlf_trainer.demonstrations import (
     CollectError,
     CollectReport,
@@ -36,7 +38,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="train", help="the task split to play (default: train)")
     p.add_argument("--where", action="append", default=[], metavar="KEY=V1,V2",
                    help="keep tasks whose metadata KEY is one of the values (repeatable), e.g. hops=1,2")  # fmt: skip
-    p.add_argument("--limit", type=int, help="at most this many tasks (after --where)")
+    p.add_argument("--limit", type=int, help="the first this many tasks (after --where)")
+    p.add_argument("--sample", type=int, help="this many tasks drawn at random (seeded by --seed) after --where")
     p.add_argument("--samples-per-task", type=int, default=1)
     p.add_argument("--threshold", type=float, default=1.0, help="keep episodes whose return is >= this")
     p.add_argument("--seed", type=int, default=0, help="episode seeds are seed, seed+1, ... per task")
@@ -70,6 +73,19 @@ def _progress_printer() -> Any:
     return show
 
 
+def sample_tasks(tasks: list[int], count: int, seed: int) -> list[int]:
+    """``count`` of ``tasks`` drawn without replacement, seeded, in their original order.
+
+    Example:
+        >>> sample_tasks(list(range(10)), 3, seed=0) == sample_tasks(list(range(10)), 3, seed=0)
+        True
+    """
+    if count > len(tasks):
+        raise CollectError(f"--sample {count}: only {len(tasks)} tasks match")
+    picked = np.random.default_rng([seed, 0xC011EC7]).choice(len(tasks), size=count, replace=False)
+    return [tasks[i] for i in sorted(int(i) for i in picked)]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -79,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         agent = build_agent(args.agent, base_url=args.base_url, model=args.model, model_path=args.model_path,
                             env_kwargs=env_kwargs, temperature=args.temperature, max_tokens=args.max_tokens)  # fmt: skip
         tasks = _task_indices(args.env_id, args.split, _where(args.where), args.limit, env_kwargs)
+        if args.sample is not None:
+            tasks = sample_tasks(tasks, args.sample, args.seed)
         report = collect_demonstrations(
             args.env_id, agent, out=args.out, task_indices=tasks, split=args.split,
             samples_per_task=args.samples_per_task, seed=args.seed, threshold=args.threshold,

@@ -35,6 +35,8 @@ from rlf_trainer.config import Config, ConfigError, dump_config
 from rlf_trainer.metrics import (
     MetricsHistory,
     append_jsonl,
+    eval_prompt_indices,
+    grouped_metrics,
     plot_learning_curve,
     rollout_metrics,
     sample_records,
@@ -488,7 +490,8 @@ class GRPOTrainer:
         """``eval.num_prompts`` test prompts, one sample each at ``eval.temperature``; logs samples JSONL."""
         cfg, acc = self.config, self.accelerator
         self._last_eval_step = self.step
-        mine = list(range(cfg.eval.num_prompts))[acc.process_index :: acc.num_processes]
+        prompts = eval_prompt_indices(self.envs.num_tasks(cfg.env.test_split), cfg.eval.num_prompts, cfg.eval.sample_seed)
+        mine = prompts[acc.process_index :: acc.num_processes]
         num_envs = self.local_prompts * self.group_size
         stats: list[EpisodeStats] = []
         transcripts: list[list[dict[str, Any]]] = []
@@ -508,6 +511,8 @@ class GRPOTrainer:
         self.policy.sleep()
         metrics = rollout_metrics(stats, prefix="eval/")
         metrics = {("eval/reward" if k == "eval/reward/mean" else k): v for k, v in metrics.items()}
+        if cfg.eval.group_by:
+            metrics |= grouped_metrics(stats, cfg.eval.group_by)
         metrics = self._mean_over_processes(metrics)
         if cfg.logging.samples_jsonl:
             records = sample_records(

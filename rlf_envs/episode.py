@@ -117,7 +117,8 @@ class EpisodeState:
         self.turns = 0
         self.done = False
         self.last_terminated = self.last_truncated = False
-        info = {"messages": [dict(m) for m in self.messages], "tools": tools, "task_id": instance.id}
+        info = {"messages": [dict(m) for m in self.messages], "tools": tools, "task_id": instance.id,
+                "task_metadata": dict(instance.metadata)}  # fmt: skip
         return prompt, info
 
     async def step(self, action: str) -> StepOutcome:

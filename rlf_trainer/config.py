@@ -121,6 +121,7 @@ class AlgorithmConfig:
     :mod:`rlf_trainer.advantages`.
     """
 
+    name: Literal["grpo", "sft"] = "grpo"
     loss: LossName = "grpo"
     group_size: int = 4
     clip_eps_low: float | None = None
@@ -134,6 +135,15 @@ class AlgorithmConfig:
     max_refill_rounds: int = 0
     turn_rewards: Literal["sum", "discounted", "per_turn_advantage"] = "sum"
     turn_discount: float = 1.0
+
+
+@dataclass
+class SFTConfig:
+    """``algorithm.name: sft``: supervised fine-tuning on ``data`` (chat-messages JSONL, e.g. from
+    ``rlf-collect``), ``batch_size`` examples per optimizer step across all processes."""
+
+    data: str = ""
+    batch_size: int = 8
 
 
 @dataclass
@@ -188,13 +198,20 @@ class PolicyConfig:
 
 @dataclass
 class EvalConfig:
-    """Evaluation on the env's test split every ``every`` steps (0 = never), one sample a prompt."""
+    """Evaluation on the env's test split every ``every`` steps (0 = never), one sample a prompt.
+
+    The prompts are a seeded sample of ``num_prompts`` across the whole split (the same sample at
+    every eval), never just its first rows: a split ordered by difficulty would flatter the model.
+    ``group_by`` names a task metadata key whose values get metrics of their own
+    (``eval/hops=2/accuracy``)."""
 
     every: int = 0
     num_prompts: int = 16
     temperature: float = 0.0
     top_p: float = 1.0
     samples_to_log: int = 8
+    group_by: str | None = None  # a task metadata key (e.g. "hops"): eval metrics per value too
+    sample_seed: int = 0  # which test prompts: the same sample for every eval and every run seed
 
 
 @dataclass
@@ -234,6 +251,7 @@ class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -294,6 +312,10 @@ class Config:
             if not ok:
                 raise ConfigError(message)
         algo = self.algorithm
+        if algo.name == "sft" and not self.sft.data:
+            raise ConfigError("algorithm.name=sft needs sft.data: a chat-messages JSONL file (rlf-collect writes one)")
+        if self.sft.batch_size < 1:
+            raise ConfigError("sft.batch_size must be >= 1")
         if algo.loss in ("grpo", "dr_grpo") and algo.clip_eps_high not in (None, algo.clip_eps_low):
             raise ConfigError(
                 f"{self.algorithm.loss} clips symmetrically: leave algorithm.clip_eps_high unset "

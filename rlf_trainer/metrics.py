@@ -67,6 +67,46 @@ def rollout_metrics(stats: Sequence[EpisodeStats], prefix: str = "") -> dict[str
     return {f"{prefix}{key}": value for key, value in out.items()}
 
 
+def grouped_metrics(stats: Sequence[EpisodeStats], key: str, prefix: str = "eval/") -> dict[str, float]:
+    """Accuracy, reward and tool use per value of task metadata ``key`` (e.g. DeepSearch's ``hops``).
+
+    Example:
+        >>> s = [EpisodeStats("a", 0, reward=1.0, correct=True, task_metadata={"hops": 1}),
+        ...      EpisodeStats("b", 0, reward=0.0, correct=False, tool_calls=2, task_metadata={"hops": 2})]
+        >>> m = grouped_metrics(s, "hops")
+        >>> m["eval/hops=1/accuracy"], m["eval/hops=2/tool_calls_per_episode"], m["eval/hops=2/episodes"]
+        (1.0, 2.0, 1.0)
+    """
+    groups: dict[str, list[EpisodeStats]] = {}
+    for s in stats:
+        if key in s.task_metadata:
+            groups.setdefault(str(s.task_metadata[key]), []).append(s)
+    out: dict[str, float] = {}
+    for value, members in sorted(groups.items()):
+        part = rollout_metrics(members)
+        head = f"{prefix}{key}={value}/"
+        out[f"{head}episodes"] = float(len(members))
+        for name in ("reward/mean", "accuracy", "tool_calls_per_episode", "tool_error_rate", "turns"):
+            if name in part:
+                out[head + ("reward" if name == "reward/mean" else name)] = part[name]
+    return out
+
+
+def eval_prompt_indices(num_tasks: int, count: int, seed: int) -> list[int]:
+    """A seeded sample of ``count`` of ``num_tasks`` test prompts, in split order (the same every eval).
+
+    Example:
+        >>> eval_prompt_indices(10, 4, seed=0) == eval_prompt_indices(10, 4, seed=0)
+        True
+        >>> eval_prompt_indices(3, 8, seed=0)
+        [0, 1, 2]
+    """
+    if count >= num_tasks:
+        return list(range(num_tasks))
+    picked = np.random.default_rng([seed, 0xE7A1]).choice(num_tasks, size=count, replace=False)
+    return sorted(int(i) for i in picked)
+
+
 class MetricsHistory:
     """Every logged step's scalars, kept to rewrite ``metrics.jsonl`` and draw the curve (also after a resume)."""
 

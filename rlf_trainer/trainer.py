@@ -35,12 +35,16 @@ from rlf_trainer.config import Config, ConfigError, dump_config
 from rlf_trainer.metrics import (
     MetricsHistory,
     append_jsonl,
+    eval_prompt_indices,
+    grouped_metrics,
     plot_learning_curve,
     rollout_metrics,
     sample_records,
 )
 from rlf_trainer.policy.base import Policy, SamplingParams, inference_state_dict
 from rlf_trainer.rollout_batch import RolloutBatch
+from rlf_trainer.sft import sft_step
+from rlf_trainer.sft_data import load_sft_examples
 from rlf_trainer.trajectory import EpisodeStats
 
 logger = logging.getLogger(__name__)
@@ -118,8 +122,13 @@ def progress_line(step: int, max_steps: int, metrics: dict[str, float]) -> str:
     Example:
         >>> progress_line(3, 12, {"reward/mean": 0.5, "time/step": 41.96, "eval/reward": 1.0})
         'GRPO step 3/12  reward 0.500  eval 1.000  42.0 s/step  ~6.3 min to go'
+        >>> progress_line(1, 30, {"sft/loss": 1.25})
+        'SFT step 1/30  loss 1.250'
     """
-    parts = [f"GRPO step {step}/{max_steps}", f"reward {metrics.get('reward/mean', float('nan')):.3f}"]
+    if "sft/loss" in metrics:  # algorithm.name: sft
+        parts = [f"SFT step {step}/{max_steps}", f"loss {metrics['sft/loss']:.3f}"]
+    else:
+        parts = [f"GRPO step {step}/{max_steps}", f"reward {metrics.get('reward/mean', float('nan')):.3f}"]
     if "eval/reward" in metrics:
         parts.append(f"eval {metrics['eval/reward']:.3f}")
     if "time/step" in metrics:
@@ -255,6 +264,7 @@ class GRPOTrainer:
                 sync_weights=self._sync_policy_weights,
             )
             self.prefetch = grpo.Prefetch() if config.rollout.overlap else None
+            self.sft_data, self.sft_sampler = self._load_sft_data()
             self._resume()
             acc.init_trackers("tensorboard", config=_flat_hparams(config.to_dict()))
         except BaseException:
@@ -355,12 +365,30 @@ class GRPOTrainer:
             tokenizer=self.tokenizer,
         )
 
+    def _load_sft_data(self) -> tuple[Any, ckpt.PromptSampler | None]:
+        """``algorithm.name: sft``: the demonstrations as token ids and masks, and their epoch-wise stream."""
+        cfg = self.config
+        if cfg.algorithm.name != "sft":
+            return None, None
+        if cfg.sft.batch_size % self.accelerator.num_processes:
+            raise ConfigError(
+                f"sft.batch_size={cfg.sft.batch_size} must be a multiple of the {self.accelerator.num_processes} processes"
+            )
+        data = load_sft_examples(cfg.sft.data, self.tokenizer, max_total_tokens=cfg.rollout.max_total_tokens)
+        return data, ckpt.PromptSampler(len(data.examples), cfg.seed)
+
+    def _data_state(self, step: int) -> dict[str, Any]:
+        """Where the run's data stream stands after ``step`` steps (the prompts, or the SFT examples)."""
+        if self.sft_sampler is not None:
+            return self.sft_sampler.state(step, self.config.sft.batch_size)
+        return self.sampler.state(step, self.config.rollout.prompts_per_step)
+
     def _resume(self) -> None:
         path = ckpt.resolve_resume(self.config.checkpoint.resume, self.config.checkpoint_dir)
         if path is None:
             return
         state = ckpt.read_state(path)
-        expected = self.sampler.state(state["step"], self.config.rollout.prompts_per_step)
+        expected = self._data_state(state["step"])
         if state.get("sampler") != expected:
             logger.warning(
                 "resuming from %s with a different prompt stream (%s != %s): steps will differ from the original run",
@@ -412,6 +440,10 @@ class GRPOTrainer:
             and not eval_due(next_step, cfg.eval.every, cfg.max_steps)
             and not (cfg.checkpoint.every and next_step % cfg.checkpoint.every == 0)
         )
+        if self.sft_data is not None:
+            metrics = sft_step(self.parts, self.sft_data, self.sft_sampler, self.step)
+            self.step = next_step
+            return self._mean_over_processes(metrics)
         batch, metrics = grpo.train_step(self.parts, self.step, self.prefetch, prefetch_next=prefetch_next)
         self.step = next_step
         self.last_batch = batch
@@ -458,7 +490,8 @@ class GRPOTrainer:
         """``eval.num_prompts`` test prompts, one sample each at ``eval.temperature``; logs samples JSONL."""
         cfg, acc = self.config, self.accelerator
         self._last_eval_step = self.step
-        mine = list(range(cfg.eval.num_prompts))[acc.process_index :: acc.num_processes]
+        prompts = eval_prompt_indices(self.envs.num_tasks(cfg.env.test_split), cfg.eval.num_prompts, cfg.eval.sample_seed)
+        mine = prompts[acc.process_index :: acc.num_processes]
         num_envs = self.local_prompts * self.group_size
         stats: list[EpisodeStats] = []
         transcripts: list[list[dict[str, Any]]] = []
@@ -478,6 +511,8 @@ class GRPOTrainer:
         self.policy.sleep()
         metrics = rollout_metrics(stats, prefix="eval/")
         metrics = {("eval/reward" if k == "eval/reward/mean" else k): v for k, v in metrics.items()}
+        if cfg.eval.group_by:
+            metrics |= grouped_metrics(stats, cfg.eval.group_by)
         metrics = self._mean_over_processes(metrics)
         if cfg.logging.samples_jsonl:
             records = sample_records(
@@ -501,7 +536,7 @@ class GRPOTrainer:
                 path,
                 {
                     "step": self.step,
-                    "sampler": self.sampler.state(self.step, cfg.rollout.prompts_per_step),
+                    "sampler": self._data_state(self.step),
                     "rng": {
                         "seed": cfg.seed,
                         "next_generation_seed": ckpt.step_seed(cfg.seed, self.step, 0),

@@ -54,6 +54,7 @@ class EpisodeStats:
     reward_info: dict[str, Any] = field(default_factory=dict)
     user_turns: int = 0  # dialogue envs: messages of the simulated user after the prompt
     sim_error: str | None = None  # the env's info["sim_error"]: the user simulator failed (a kind)
+    task_metadata: dict[str, Any] = field(default_factory=dict)  # reset info: e.g. DeepSearch's hops
 
 
 @dataclass
@@ -139,7 +140,8 @@ def start_trajectory(tokenizer: Any, info: dict[str, Any], *, group: int) -> Tra
     if not messages:
         raise RolloutError("reset info has no 'messages': the env does not follow the env contract")
     ids = chat.prompt_ids(tokenizer, messages, tools)
-    stats = EpisodeStats(task_id=info.get("task_id"), group=group, prompt_length=len(ids))
+    stats = EpisodeStats(task_id=info.get("task_id"), group=group, prompt_length=len(ids),
+                         task_metadata=dict(info.get("task_metadata") or {}))  # fmt: skip
     traj = Trajectory(token_ids=[], loss_mask=[], logprobs=[], stats=stats, messages=messages, tools=tools)
     traj.append(ids, trained=False)
     return traj

@@ -6,11 +6,16 @@
 #   scripts/learning_runs.sh                    # seeds 0 1 2 into runs/learning/
 #   SEEDS="3" OUT=/tmp/runs scripts/learning_runs.sh max_steps=5   # extra args: config overrides
 #   SUMMARY_ONLY=1 scripts/learning_runs.sh     # recompute the summary from existing runs
+#   scripts/learning_runs.sh deepsearch SEED    # the DeepSearch recipe (collect -> SFT -> GRPO), one seed
 #
 # Needs the prepared model (python -m rlf_trainer.models prepare smollm2-135m; the config also
 # prepares it on first use). Each run takes ~20 minutes on 2 quiet cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [[ "${1:-}" == "deepsearch" ]]; then  # the DeepSearch recipe, one seed: scripts/deepsearch_runs.sh
+  shift
+  exec bash scripts/deepsearch_runs.sh "$@"
+fi
 
 OUT=${OUT:-runs/learning}
 SEEDS=${SEEDS:-"0 1 2"}

@@ -45,6 +45,15 @@ _SPECIAL = re.compile(
 )
 
 
+
+def _first_match(patterns: list[re.Pattern[str]], text: str) -> str | None:
+    """The text of the first pattern that matches ``text``, or None."""
+    for pattern in patterns:
+        found = pattern.search(text)
+        if found is not None:
+            return found.group()
+    return None
+
 def special_tokens(raw: str) -> str | None:
     """Another chat template's special token or the agent's markup inside the reply."""
     found = _SPECIAL.search(raw)
@@ -162,10 +171,9 @@ def agent_voice(lower: str) -> str | None:
 
     An offer in a sentence about the speaker's own things ("my order") is a customer's, not flagged.
     """
-    for pattern in _AGENT_LINES:
-        found = pattern.search(lower)
-        if found is not None:
-            return f"service line: {found.group()!r}"
+    found = _first_match(_AGENT_LINES, lower)
+    if found is not None:
+        return f"service line: {found!r}"
     for pattern in _AGENT_OFFERS:
         for found in pattern.finditer(lower):
             if not _OWN_THINGS.search(_sentence_at(lower, found.start(), found.end())):
@@ -194,11 +202,8 @@ _SELF_ID = [
 
 def self_identification(lower: str) -> str | None:
     """The simulator says it is a model, an AI, an assistant, or that this is a role-play."""
-    for pattern in _SELF_ID:
-        found = pattern.search(lower)
-        if found is not None:
-            return f"speaks as a model: {found.group()!r}"
-    return None
+    found = _first_match(_SELF_ID, lower)
+    return None if found is None else f"speaks as a model: {found!r}"
 
 
 # ------------------------------------------------------------------ its own prompt
@@ -221,11 +226,8 @@ _PROMPT_TALK = [
 
 def prompt_talk(lower: str) -> str | None:
     """The reply talks about the simulator's instructions, persona or stop rule."""
-    for pattern in _PROMPT_TALK:
-        found = pattern.search(lower)
-        if found is not None:
-            return f"talks about its instructions: {found.group()!r}"
-    return None
+    found = _first_match(_PROMPT_TALK, lower)
+    return None if found is None else f"talks about its instructions: {found!r}"
 
 
 _WORD = re.compile(r"[a-z0-9#@$'-]+(?:\.[a-z0-9]+)*")

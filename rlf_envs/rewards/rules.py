@@ -215,7 +215,7 @@ def episode_prediction(episode: Episode, tag: str = "answer") -> str | None:
 
 
 def _episode_golds(episode: Episode) -> list[str]:
-    return _as_list(episode.task.answer)
+    return _as_list(episode.instance.answer)
 
 
 def _qa_scores(episode: Episode) -> tuple[str | None, list[str], dict[str, float]]:

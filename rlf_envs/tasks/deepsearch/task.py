@@ -109,7 +109,7 @@ class DeepSearchTask(Task):
         return generate_world(self.world_seed)
 
     @functools.cached_property
-    def _splits(self) -> dict[str, list[TaskInstance]]:
+    def split_instances(self) -> dict[str, list[TaskInstance]]:
         if self.qa_path is not None:
             return load_qa_splits(self.qa_path)
         return {split: self.world.to_instances(split) for split in ("train", "test")}

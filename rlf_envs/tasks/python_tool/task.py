@@ -105,7 +105,7 @@ class PythonToolTask(Task):
         self.isolation = _resolve_isolation(isolation, bwrap_path)
 
     @functools.cached_property
-    def _splits(self) -> dict[str, list[TaskInstance]]:
+    def split_instances(self) -> dict[str, list[TaskInstance]]:
         problems = generate_problems(self.seed, self.kind, self.num_test + self.num_train)
         splits: dict[str, list[TaskInstance]] = {"test": [], "train": []}
         for index, problem in enumerate(problems):
@@ -153,7 +153,7 @@ class PythonToolTask(Task):
         """
         prediction = episode_prediction(episode, self.answer_tag)
         # exact: the default relative tolerance would accept 18272728 for 18272727
-        correct = float(math_equal(prediction, str(episode.task.answer), rel_tol=0.0, abs_tol=0.0))
+        correct = float(math_equal(prediction, str(episode.instance.answer), rel_tol=0.0, abs_tol=0.0))
         well_formed = extract_answer(episode.final_response, self.answer_tag) not in (None, "")
         used_tool = any(call["name"] == TOOL_NAME and call["ok"] for call in episode.tool_calls)
         return {

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from rlf_envs.info_keys import TOOL_CALLS
 from rlf_envs.runtime import LoopThread
 
 LATENCY_MODULE = "rlf_envs.servers.latency"
@@ -161,7 +162,7 @@ def run_env_bench(settings: BenchSettings) -> dict[str, Any]:
                 started = time.perf_counter()
                 for _ in range(settings.steps):
                     _, _, _, _, infos = envs.step([action] * settings.num_envs)
-                    for records in infos["tool_calls"]:
+                    for records in infos[TOOL_CALLS]:
                         latencies += [r["latency_s"] for r in records]
                         errors += sum(1 for r in records if not r["ok"])
                 env_walls.append(time.perf_counter() - started)

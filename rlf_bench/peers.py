@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rlf_bench.env_bench import LATENCY_MODULE, BenchSettings, latency_servers, run_env_bench
+from rlf_envs.info_keys import ERRORS
 from rlf_envs.servers.launch import PACKAGE_ROOT, stdio_server_entry
 
 DRIVERS_DIR = Path(__file__).resolve().with_name("peer_drivers")  # shipped inside the package
@@ -198,7 +199,7 @@ def run_ours_async(settings: BenchSettings) -> dict[str, Any]:
                 errors = 0
                 for _ in range(settings.steps):
                     *_, info = await vec.astep_one(i, ACTION)
-                    errors += len(info.get("errors", []))
+                    errors += len(info.get(ERRORS, []))
                 return errors
 
             async def all_episodes() -> tuple[float, int]:

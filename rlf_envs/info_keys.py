@@ -72,7 +72,7 @@ INFO_KEYS: tuple[InfoKey, ...] = (
             "the task's process reward of this turn (`Task.tool_success_reward`), already in `reward`"),
     InfoKey(USER_MESSAGE, "dict", "user turn",
             "the simulated user's reply `{role: user, content}`, also the last entry of `messages`"),
-    InfoKey(ANSWER, "str | None", "episode end",
+    InfoKey(ANSWER, "str or None", "episode end",
             "the extracted `<answer>` (None when the episode ended without one)"),
     InfoKey(REWARD_INFO, "dict", "episode end",
             "the reward function's dict (`reward` plus its parts, e.g. `em`, `f1`; `reward_error` on a bug)"),

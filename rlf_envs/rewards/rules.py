@@ -8,8 +8,6 @@ Example:
     1.0
     >>> round(f1_score("Kelmar river delta", "the Kelmar River"), 3)
     0.8
-    >>> extract_answer("<answer>a</answer> then <answer> Zorvia </answer>")
-    'Zorvia'
     >>> math_equal("\\\\boxed{\\\\frac{1}{2}}", "0.5")
     True
 """
@@ -271,7 +269,6 @@ __all__ = [
     "contains_match",
     "episode_prediction",
     "exact_match",
-    "extract_answer",
     "f1_score",
     "get_rule_reward",
     "math_equal",

@@ -42,7 +42,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rlf_envs.rewards.rules import extract_answer
+from rlf_envs.answers import extract_answer
 from rlf_envs.tasks.codebook.data import (
     DEFAULT_SEED,
     EXAMPLE_CODE,

@@ -17,8 +17,9 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from rlf_envs.answers import extract_answer
 from rlf_envs.rewards.judge import JudgeReward
-from rlf_envs.rewards.rules import extract_answer, get_rule_reward
+from rlf_envs.rewards.rules import get_rule_reward
 from rlf_envs.servers.launch import stdio_server_entry
 from rlf_envs.task import Task
 from rlf_envs.tasks.deepsearch.data import load_qa_splits, read_corpus

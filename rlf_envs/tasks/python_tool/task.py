@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from rlf_envs.answers import extract_answer
 from rlf_envs.isolation import (
     DEFAULT_BWRAP,
     IsolationMode,
@@ -27,7 +28,7 @@ from rlf_envs.isolation import (
     probe_bubblewrap,
     resolve_isolation,
 )
-from rlf_envs.rewards.rules import episode_prediction, extract_answer, math_equal
+from rlf_envs.rewards.rules import episode_prediction, math_equal
 from rlf_envs.servers.launch import stdio_server_entry
 from rlf_envs.task import Task
 from rlf_envs.tasks.python_tool.problems import KINDS, generate_problems

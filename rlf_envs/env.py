@@ -18,12 +18,10 @@ from typing import Any
 
 import gymnasium as gym
 
-from rlf_envs.env_runtime import EnvRuntime, EnvSettings, RuntimeView
+from rlf_envs.env_runtime import EnvRuntime, EnvSettings, RuntimeView, StepResult
 from rlf_envs.episode import StepOutcome
 from rlf_envs.spaces import UnicodeText
 from rlf_envs.task import Task
-
-StepResult = tuple[str, float, bool, bool, dict[str, Any]]
 
 
 class ToolEnv(RuntimeView, gym.Env[str, str]):
@@ -52,12 +50,32 @@ class ToolEnv(RuntimeView, gym.Env[str, str]):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
+        """Start an episode; ``seed`` seeds the draw of its instance (Gymnasium's ``np_random``).
+
+        Args:
+            seed: seeds the env's RNG (the instance drawn when no ``task_index`` is given).
+            options: ``task_index`` (int: that instance of the split), ``split`` (kept for later resets).
+
+        Returns:
+            observation (str): the user prompt.
+            info (dict): ``messages``, ``tools``, ``task_id`` (:mod:`rlf_envs.info_keys`) and the
+            task's ``env_info()``.
+        """
         super().reset(seed=seed)
         options = options or {}
         self.split = options.get("split", self.split)
         return self.runtime.reset_one(0, self.np_random, options.get("task_index"))
 
     def step(self, action: str) -> StepResult:
+        """Apply one assistant turn: run its tool calls, let the user answer, or end and score the episode.
+
+        Returns:
+            observation (str): the tool results, the simulated user's reply, or "" at an answer.
+            reward (float): the turn's process reward, or the task's reward on the last step.
+            terminated (bool): the episode ended on its own (an answer, a user stop, a terminating tool).
+            truncated (bool): it was cut (``max_turns``, a failed simulator); still scored.
+            info (dict): the keys of :mod:`rlf_envs.info_keys` that apply (docs/env_contract.md).
+        """
         outcome = self.runtime.run(self._state_step(action))
         return outcome.obs, outcome.reward, outcome.terminated, outcome.truncated, outcome.info
 

@@ -40,6 +40,7 @@ from rlf_envs.types import TaskInstance
 
 T = TypeVar("T")
 DEFAULT_MAX_TEXT_LENGTH = 1_000_000
+StepResult = tuple[str, float, bool, bool, dict[str, Any]]  # (obs, reward, terminated, truncated, info)
 
 
 @dataclass(frozen=True)

@@ -88,11 +88,11 @@ INFO_KEYS: tuple[InfoKey, ...] = (
 )  # fmt: skip
 
 # Why a trainer's trajectory ended (its ``finish_reason``): one place for every value.
-FinishReason = Literal["answer", "max_turns", "max_total_tokens"]
+EpisodeFinishReason = Literal["answer", "max_turns", "max_total_tokens"]
 FINISH_ANSWER: Final = "answer"  # the env terminated the episode (an answer, a turn without tool call)
 FINISH_MAX_TURNS: Final = "max_turns"  # the env truncated it (max_turns or its own budget)
 FINISH_MAX_TOKENS: Final = "max_total_tokens"  # the trainer's token budget ran out
-FINISH_REASONS: tuple[str, ...] = get_args(FinishReason)
+FINISH_REASONS: tuple[str, ...] = get_args(EpisodeFinishReason)
 
 __all__ = [
     "ANSWER",
@@ -117,6 +117,6 @@ __all__ = [
     "TURN_REWARD",
     "USER_MESSAGE",
     "USER_STOP",
-    "FinishReason",
+    "EpisodeFinishReason",
     "InfoKey",
 ]

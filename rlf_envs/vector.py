@@ -25,13 +25,11 @@ from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from rlf_envs.env_runtime import EnvRuntime, EnvSettings, RuntimeView
+from rlf_envs.env_runtime import EnvRuntime, EnvSettings, RuntimeView, StepResult
 from rlf_envs.episode import StepOutcome
 from rlf_envs.info_keys import FINAL_INFO, FINAL_OBS, INACTIVE
 from rlf_envs.spaces import UnicodeText
 from rlf_envs.task import Task
-
-StepResult = tuple[str, float, bool, bool, dict[str, Any]]
 
 
 def _autoreset_mode(mode: AutoresetMode | str) -> AutoresetMode:

@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import os
@@ -218,7 +219,8 @@ class EnvRuntime:
         self.start()
         instance = pick_instance(self.task, self.split, index, rng)
         obs, info = self.states[i].start(instance, self._all_tools)
-        return obs, {**self._reset_info, **info}
+        # a copy per reset: Gymnasium's checker (rightly) rejects infos that share objects across calls
+        return obs, {**copy.deepcopy(self._reset_info), **info}
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the loop, blocking the caller (after :meth:`start`)."""

@@ -20,6 +20,7 @@ import numpy as np
 
 import rlf_envs  # noqa: F401  (registers ids)
 from rlf_envs.env import render_transcript
+from rlf_envs.info_keys import MESSAGES
 from rlf_envs.tasks.deepsearch.oracle import oracle_turns
 from rlf_envs.tasks.deepsearch.world import generate_world
 
@@ -31,7 +32,7 @@ def play(env: gym.Env, turns: list[str], task_index: int) -> tuple[float, dict[s
         _, reward, terminated, truncated, info = env.step(action)
         if terminated or truncated:
             break
-    return reward, info, render_transcript(info["messages"])
+    return reward, info, render_transcript(info[MESSAGES])
 
 
 def main(argv: list[str] | None = None) -> int:

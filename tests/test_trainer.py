@@ -321,7 +321,7 @@ def test_cli_runs_one_step_on_cpu(tiny_model_dir, tmp_path):
 
 def silent_for_ping(episode) -> dict[str, float]:
     """0 for "ping" (a group without signal), the spread of text_reward for every other task."""
-    if "ping" in episode.task.question:
+    if "ping" in episode.instance.question:
         return {"reward": 0.0}
     return text_reward(episode)
 

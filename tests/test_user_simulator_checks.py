@@ -21,7 +21,7 @@ import rlf_envs  # noqa: F401  (registers the ids)
 from rlf_bench.sim_checks_bench import load_replies, main, rules_flag
 from rlf_envs.dialogue import DEFAULT_STOP_MARKER, LLMUserSimulator, UserTurnRequest
 from rlf_envs.dialogue.runner import DEFAULT_SIM_TIMEOUT_S
-from rlf_envs.env import build_user_simulator
+from rlf_envs.env_runtime import build_user_simulator
 from rlf_envs.task import FunctionTask
 
 INSTRUCTIONS = "You are Ann Holt. Your email is ann@example.com. You want to cancel your order #W1001."

@@ -54,7 +54,7 @@ class MCPToolPool:
     Args:
         config: the ``mcpServers`` JSON as a dict (with or without the outer key), a JSON string,
             or a path to a JSON file; see :mod:`rlf_envs.tools.mcp_config` for the keys.
-        default_timeout_s: per-call timeout for servers without their own ``timeout_s``.
+        tool_timeout_s: per-call timeout for servers without their own ``timeout_s``.
 
     Raises:
         MCPConfigError: at construction for a malformed config; from :meth:`start` when two
@@ -67,11 +67,11 @@ class MCPToolPool:
     """
 
     def __init__(
-        self, config: dict[str, Any] | str | os.PathLike[str], *, default_timeout_s: float = 30.0
+        self, config: dict[str, Any] | str | os.PathLike[str], *, tool_timeout_s: float = 30.0
     ) -> None:
-        if not default_timeout_s > 0:
-            raise MCPConfigError(f"default_timeout_s must be > 0, got {default_timeout_s!r}")
-        self._servers = [_Server(cfg, default_timeout_s) for cfg in load_mcp_config(config)]
+        if not tool_timeout_s > 0:
+            raise MCPConfigError(f"tool_timeout_s must be > 0, got {tool_timeout_s!r}")
+        self._servers = [_Server(cfg, tool_timeout_s) for cfg in load_mcp_config(config)]
         self._routes: dict[str, _Server] = {}
         self._started = False
         self._closed = False

@@ -17,8 +17,9 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from rlf_envs.answers import extract_answer
 from rlf_envs.rewards.judge import JudgeReward
-from rlf_envs.rewards.rules import extract_answer, get_rule_reward
+from rlf_envs.rewards.rules import get_rule_reward
 from rlf_envs.servers.launch import stdio_server_entry
 from rlf_envs.task import Task
 from rlf_envs.tasks.deepsearch.data import load_qa_splits, read_corpus
@@ -113,7 +114,7 @@ class DeepSearchTask(Task):
         return generate_world(self.world_seed)
 
     @functools.cached_property
-    def _splits(self) -> dict[str, list[TaskInstance]]:
+    def split_instances(self) -> dict[str, list[TaskInstance]]:
         splits = (
             load_qa_splits(self.qa_path)
             if self.qa_path is not None

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from rlf_envs.answers import extract_answer
 from rlf_envs.isolation import (
     DEFAULT_BWRAP,
     IsolationMode,
@@ -27,7 +28,7 @@ from rlf_envs.isolation import (
     probe_bubblewrap,
     resolve_isolation,
 )
-from rlf_envs.rewards.rules import episode_prediction, extract_answer, math_equal
+from rlf_envs.rewards.rules import episode_prediction, math_equal
 from rlf_envs.servers.launch import stdio_server_entry
 from rlf_envs.task import Task
 from rlf_envs.tasks.python_tool.problems import KINDS, generate_problems
@@ -105,7 +106,7 @@ class PythonToolTask(Task):
         self.isolation = _resolve_isolation(isolation, bwrap_path)
 
     @functools.cached_property
-    def _splits(self) -> dict[str, list[TaskInstance]]:
+    def split_instances(self) -> dict[str, list[TaskInstance]]:
         problems = generate_problems(self.seed, self.kind, self.num_test + self.num_train)
         splits: dict[str, list[TaskInstance]] = {"test": [], "train": []}
         for index, problem in enumerate(problems):
@@ -153,7 +154,7 @@ class PythonToolTask(Task):
         """
         prediction = episode_prediction(episode, self.answer_tag)
         # exact: the default relative tolerance would accept 18272728 for 18272727
-        correct = float(math_equal(prediction, str(episode.task.answer), rel_tol=0.0, abs_tol=0.0))
+        correct = float(math_equal(prediction, str(episode.instance.answer), rel_tol=0.0, abs_tol=0.0))
         well_formed = extract_answer(episode.final_response, self.answer_tag) not in (None, "")
         used_tool = any(call["name"] == TOOL_NAME and call["ok"] for call in episode.tool_calls)
         return {

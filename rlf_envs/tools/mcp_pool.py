@@ -165,13 +165,14 @@ class _Server:
         self.config = config
         self.name = config.name
         self.timeout_s = config.timeout_s or default_timeout_s
-        self.replicas = [MCPReplica(config, index, self.timeout_s) for index in range(config.replicas)]
+        self.replicas = _build_replicas(config, self.timeout_s)
         self.tools: dict[str, RemoteTool] = {}
         self._cache = ResultCache(config.cache_size) if config.cache_size else None
         self._next_replica = 0
         self._calls = 0
         self._ok = 0
         self._cache_hits = 0
+        self._failovers = 0
         self._errors: dict[str, int] = {}
 
     def start(self) -> None:
@@ -182,7 +183,7 @@ class _Server:
         """None once every replica is up (tools listed), else why the first one that failed did."""
         reasons = await asyncio.gather(*(replica.wait_started() for replica in self.replicas))
         failed = [
-            f"replica {r.index}: {reason}" if len(self.replicas) > 1 else reason
+            f"replica {r.label}: {reason}" if len(self.replicas) > 1 else reason
             for r, reason in zip(self.replicas, reasons, strict=True)
             if reason
         ]
@@ -205,14 +206,50 @@ class _Server:
         if cache is not None and key is not None and (hit := cache.get(key)) is not None:
             self._cache_hits += 1
             return self._count(replace(hit, call=call, cached=True, latency_s=time.perf_counter() - started))
-        result = await self._least_loaded_replica().call(call)
+        result = await self._call_with_failover(call, started)
         if cache is not None and key is not None and result.ok:
             cache.put(key, result)
         return self._count(result)
 
-    def _least_loaded_replica(self) -> MCPReplica:
-        # Prefer replicas that are up; rotate the start so equal loads still spread the calls.
-        candidates = [r for r in self.replicas if r.state is ReplicaState.READY] or self.replicas
+    async def _call_with_failover(self, call: ToolCall, started: float) -> ToolResult:
+        """The least-loaded replica runs the call; one that surely never got it passes it to the next.
+
+        At most once: a call whose request may have reached a replica is never sent again (tools
+        may have side effects), so a replica dying under it gives ``server_died``. All replicas
+        together stay within the server's ``timeout_s``.
+        """
+        deadline = time.monotonic() + self.timeout_s
+        missed: list[ToolResult] = []
+        tried: set[int] = set()
+        while (replica := self._least_loaded_replica(tried)) is not None:
+            remaining_s = round(deadline - time.monotonic(), 2)
+            if missed and remaining_s <= 0:
+                break
+            attempt = await replica.attempt(call, remaining_s if missed else None)
+            if attempt.delivered:
+                return attempt.result
+            missed.append(attempt.result)
+            tried.add(replica.index)
+            self._failovers += 1
+        if len(missed) == 1:
+            return missed[0]
+        reasons = "; ".join(result.text for result in missed)
+        message = f"no replica of server {self.name!r} could take the call: {reasons}"
+        return ToolResult.failure(call, ErrorKind.SERVER_UNAVAILABLE, message, time.perf_counter() - started)
+
+    def _least_loaded_replica(self, tried: set[int]) -> MCPReplica | None:
+        """Up replicas first, then ones coming up; ``None`` once every replica was tried."""
+        for replica in self.replicas:
+            replica.retry_if_due()  # a replica that was taken out gets its next attempt in the background
+        untried = [r for r in self.replicas if r.index not in tried]
+        if not untried:
+            return None
+        candidates = (
+            [r for r in untried if r.state is ReplicaState.READY]
+            or [r for r in untried if r.state is ReplicaState.CONNECTING]
+            or untried
+        )
+        # Rotate the start so equal loads still spread the calls.
         start = self._next_replica = (self._next_replica + 1) % len(candidates)
         rotated = candidates[start:] + candidates[:start]
         return min(rotated, key=lambda replica: replica.load)
@@ -232,7 +269,25 @@ class _Server:
             "ok": self._ok,
             "errors": dict(self._errors),
             "cache_hits": self._cache_hits,
+            "failovers": self._failovers,
             "restarts": sum(r.restarts for r in self.replicas),
             "restart_failures": sum(r.restart_failures for r in self.replicas),
             "in_flight": sum(r.load for r in self.replicas),
+            "by_replica": {
+                r.label: {"state": r.state.value, "calls": r.calls, "in_flight": r.load}
+                for r in self.replicas
+            },
         }
+
+
+def _build_replicas(config: MCPServerConfig, timeout_s: float) -> list[MCPReplica]:
+    """``replicas`` per endpoint: the stdio command or the one URL, or each of several ``urls``."""
+    if len(config.urls) <= 1:
+        return [MCPReplica(config, index, timeout_s) for index in range(config.replicas)]
+    replicas: list[MCPReplica] = []
+    for url in config.urls:
+        own = replace(config, url=url)
+        for session in range(config.replicas):
+            label = f"{config.name}@{url}" + (f"#{session}" if config.replicas > 1 else "")
+            replicas.append(MCPReplica(own, len(replicas), timeout_s, label=label))
+    return replicas

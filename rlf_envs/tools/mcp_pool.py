@@ -274,7 +274,12 @@ class _Server:
             "restart_failures": sum(r.restart_failures for r in self.replicas),
             "in_flight": sum(r.load for r in self.replicas),
             "by_replica": {
-                r.label: {"state": r.state.value, "calls": r.calls, "in_flight": r.load}
+                r.label: {
+                    "state": r.state.value,
+                    "calls": r.calls,
+                    "in_flight": r.load,
+                    "health_checks": r.health_checks,
+                }
                 for r in self.replicas
             },
         }

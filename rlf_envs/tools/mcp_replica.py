@@ -20,7 +20,7 @@ The state machine (:class:`ReplicaState`)::
     |      | session up, tools listed
     |      v
     +--- READY
-    connection lost: the process died, the transport or session ended, a ping failed
+    connection lost: the process died, the transport or session ended, a health check failed
     (in-flight calls cut as server_died; the restart begins at once, without backoff)
 
     stop(), from any state -------------------------------> CLOSED (final: never restarted)
@@ -45,7 +45,7 @@ CONNECTING -> FAILED  the attempt failed: spawn error,          waiting calls fa
 READY -> CONNECTING   the transport ended (a stdio server's     in-flight calls are cut as
                       stdout closed: its process died; the      ``server_died``; new calls wait for the
                       HTTP stream closed), the session raised   restart, which begins at once
-                      or ended, or a health-check ping failed
+                      or ended, or a health check failed
 FAILED -> CONNECTING  a call arrives past ``retry_at``, to      calls before ``retry_at`` fail at once
                       this replica or to another replica of     as ``server_unavailable``; a call to
                       its server (restarts are on demand: no    this replica waits for the attempt
@@ -59,10 +59,10 @@ Within READY: a call past its ``timeout_s`` cancels only its own request (``time
 still waiting for a ``max_concurrency`` slot gets ``timeout`` too). A call whose exception says
 the connection failed (connection closed or session terminated, an ``OSError`` or
 ``TimeoutError``, an HTTP transport error, a broken or closed stream) returns ``server_died`` and
-has the supervisor ping the session (within ``mcp_supervisor.PING_TIMEOUT_S``): the exception
-changes no state, only a failed ping takes READY to CONNECTING. When the server has several
-``urls``, a call past its ``timeout_s`` has the session pinged too: a host that stopped answering
-is taken out that way.
+has the supervisor check the session (a ``tools/list`` request, within
+``mcp_supervisor.HEALTH_CHECK_TIMEOUT_S``; any answer passes): the exception changes no state, only
+a failed check takes READY to CONNECTING. When the server has several ``urls``, a call past its
+``timeout_s`` has the session checked too: a host that stopped answering is taken out that way.
 
 After ``stop()`` calls in flight and new ones get ``server_unavailable``, while the state reads
 what it was until the supervisor has torn the connection down: an attempt in CONNECTING runs on
@@ -162,8 +162,8 @@ class MCPReplica:
         self._guards: set[_CallGuard] = set()
         self._limit = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
         self._supervisor = ConnectionSupervisor(config, self.label, timeout_s, on_lost=self._cut_in_flight)
-        # A host that stops answering is taken out by a ping after a timed-out call, where others can serve.
-        self._ping_after_timeout = len(config.urls) > 1
+        # A host that stops answering is taken out by a check after a timed-out call, where others can serve.
+        self._check_after_timeout = len(config.urls) > 1
 
     @property
     def state(self) -> ReplicaState:
@@ -180,6 +180,10 @@ class MCPReplica:
     @property
     def restart_failures(self) -> int:
         return self._supervisor.restart_failures
+
+    @property
+    def health_checks(self) -> int:
+        return self._supervisor.health_checks
 
     def start(self) -> None:
         self._supervisor.start()
@@ -231,7 +235,7 @@ class MCPReplica:
         return CallAttempt(result, guard.delivered or self._supervisor.stopping)
 
     def _deadline_failure(self, call: ToolCall, guard: _CallGuard, limit_s: float) -> CallFailure:
-        if guard.sent and self._ping_after_timeout:
+        if guard.sent and self._check_after_timeout:
             self._supervisor.check_health(guard.generation)
         ready = self.state is ReplicaState.READY
         return deadline_failure(call.name, limit_s, self.label, sent=guard.sent, ready=ready)

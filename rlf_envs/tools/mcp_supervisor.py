@@ -36,6 +36,7 @@ from contextlib import AsyncExitStack
 import anyio
 import mcp_types
 from mcp import Client
+from mcp.shared.exceptions import MCPError
 
 from rlf_envs.tools.mcp_config import MCPServerConfig
 from rlf_envs.tools.mcp_errors import describe_exception
@@ -47,7 +48,7 @@ __all__ = ["ConnectionSupervisor", "ReplicaState", "ReplicaUnavailable"]
 logger = logging.getLogger(__name__)
 
 CLIENT_INFO = mcp_types.Implementation(name="rlf", version="0.1.0")
-PING_TIMEOUT_S = 5.0  # health check after a call saw the connection fail
+HEALTH_CHECK_TIMEOUT_S = 5.0  # the check after a call saw the connection fail (or, with urls, time out)
 RETRY_BACKOFF_S = (0.5, 30.0)  # first and largest wait between failed restart attempts
 STOP_TIMEOUT_S = 15.0  # the SDK's own stdio shutdown is bounded at ~4.5 s; this is the backstop
 
@@ -89,6 +90,7 @@ class ConnectionSupervisor:
         self.restarts = 0
         self.restart_failures = 0
         self.stopping = False
+        self.health_checks = 0  # checks done (answered or not)
         self.last_error = "not started"
         self._on_lost = on_lost
         self._state_changed = asyncio.Event()
@@ -159,7 +161,7 @@ class ConnectionSupervisor:
         return True
 
     def check_health(self, generation: int) -> None:
-        """A call saw the connection fail (or hang): ping it, and restart it if the ping fails."""
+        """A call saw the connection fail (or hang): check it, and restart it if it does not answer."""
         if generation == self.generation and self.state is ReplicaState.READY:
             self._suspect = True
             self._wake.set()
@@ -261,14 +263,27 @@ class ConnectionSupervisor:
         while self.client is client and not self.stopping:
             if self._suspect:
                 self._suspect = False
-                try:
-                    with anyio.fail_after(PING_TIMEOUT_S):
-                        await client.send_ping()
-                except Exception as exc:
-                    self._withdraw(f"health check failed: {describe_exception(exc)}")
+                await self._check_health(client)
                 continue
             self._wake.clear()
             await self._wake.wait()
+
+    async def _check_health(self, client: Client) -> None:
+        # tools/list, not ping: the 2026-07-28 protocol removed ping (servers answer "Method not
+        # found"). Any answer, an error answer included, shows the session is alive.
+        try:
+            with anyio.fail_after(HEALTH_CHECK_TIMEOUT_S):
+                await client.list_tools()
+        except MCPError as exc:
+            if (
+                exc.code in (mcp_types.CONNECTION_CLOSED, mcp_types.REQUEST_TIMEOUT)
+                or exc.message == "Session terminated"
+            ):
+                self._withdraw(f"health check failed: {describe_exception(exc)}")
+        except Exception as exc:
+            self._withdraw(f"health check failed: {describe_exception(exc)}")
+        finally:
+            self.health_checks += 1
 
     def _withdraw(self, reason: str) -> None:
         """The connection is no longer usable: new calls wait for the restart, in-flight calls fail now."""

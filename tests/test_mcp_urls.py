@@ -7,7 +7,6 @@ answer ("slept 41.0 ms: ...") says which URL served it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import subprocess
@@ -20,30 +19,71 @@ from typing import Any
 import pytest
 
 from rlf_envs.tools.mcp_config import MCPConfigError, load_mcp_config
-from rlf_envs.tools.mcp_pool import MCPToolPool
+from rlf_envs.tools.mcp_pool import MCPServerStartError, MCPToolPool
 from rlf_envs.tools.mcp_replica import MCPReplica, ReplicaState
 from rlf_envs.types import ErrorKind, ToolCall, ToolResult
-from tests.helpers import free_port, http_server
+from tests.helpers import REPO, free_port, wait_for_port
 
 BASE_MS = 40  # server i sleeps BASE_MS + i ms by default
 EPISODES = 24
 TURNS = 8
 
 
-@contextlib.contextmanager
-def latency_servers(count: int) -> Iterator[tuple[list[subprocess.Popen[bytes]], list[str]]]:
-    """``count`` latency servers over streamable HTTP, server i answering ``sleep()`` after BASE_MS + i ms."""
-    ports = [free_port() for _ in range(count)]
-    with contextlib.ExitStack() as stack:
-        processes = [
-            stack.enter_context(
-                http_server(
-                    [sys.executable, "-m", "rlf_envs.servers.latency", "--latency-ms", str(BASE_MS + i)], port
-                )
-            )
-            for i, port in enumerate(ports)
-        ]
-        yield processes, [f"http://127.0.0.1:{port}/mcp" for port in ports]
+class LatencyFarm:
+    """Latency servers over streamable HTTP on fixed ports, shared by this module's tests.
+
+    Server i answers ``sleep()`` after BASE_MS + i ms. A test may kill or stop servers;
+    :meth:`ensure_running` starts every dead one again on its own port (all at once).
+    """
+
+    def __init__(self, count: int) -> None:
+        self.ports = [free_port() for _ in range(count)]
+        self.urls = [f"http://127.0.0.1:{port}/mcp" for port in self.ports]
+        self.processes: list[subprocess.Popen[bytes] | None] = [None] * count
+
+    def ensure_running(self, *indices: int) -> LatencyFarm:
+        """Start the given servers (default: all) that are not running, and wait for their ports."""
+        started = []
+        for i in indices or range(len(self.ports)):
+            process = self.processes[i]
+            if process is None or process.poll() is not None:
+                argv = [sys.executable, "-m", "rlf_envs.servers.latency", "--latency-ms", str(BASE_MS + i)]
+                argv += ["--transport", "http", "--host", "127.0.0.1", "--port", str(self.ports[i])]
+                env = {**os.environ, "PYTHONPATH": str(REPO)}
+                self.processes[i] = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL)
+                started.append(i)
+        for i in started:
+            wait_for_port(self.ports[i], self.process(i), timeout_s=60)
+        return self
+
+    def process(self, i: int) -> subprocess.Popen[bytes]:
+        process = self.processes[i]
+        assert process is not None
+        return process
+
+    def kill(self, i: int) -> None:
+        process = self.process(i)
+        process.kill()
+        process.wait(timeout=10)  # reaped: its sockets are closed before this returns
+
+    def close(self) -> None:
+        for i, process in enumerate(self.processes):
+            if process is not None and process.poll() is None:
+                os.kill(process.pid, signal.SIGCONT)
+                self.kill(i)
+
+
+@pytest.fixture(scope="module")
+def latency_farm() -> Iterator[LatencyFarm]:
+    farm = LatencyFarm(3)
+    yield farm
+    farm.close()
+
+
+@pytest.fixture
+def farm(latency_farm: LatencyFarm) -> LatencyFarm:
+    """The module's three servers, every one of them running."""
+    return latency_farm.ensure_running()
 
 
 def served_by(result: ToolResult) -> int | None:
@@ -51,11 +91,6 @@ def served_by(result: ToolResult) -> int | None:
     if not result.ok:
         return None
     return round(float(result.text.split()[1])) - BASE_MS
-
-
-def kill(process: subprocess.Popen[bytes]) -> None:
-    process.kill()
-    process.wait(timeout=10)  # reaped: its sockets are closed before this returns
 
 
 class Episodes:
@@ -85,176 +120,193 @@ def run(coro: Any, timeout_s: float = 120.0) -> Any:
     return asyncio.run(asyncio.wait_for(coro, timeout_s))
 
 
+def replica_stats(pool: MCPToolPool, url: str) -> dict[str, Any]:
+    return pool.stats()["lat"]["by_replica"][f"lat@{url}"]
+
+
+# -- servers that stay up ----------------------------------------------------------------------
+
+
+def test_a_slow_call_on_a_healthy_url_is_a_timeout_and_the_check_it_triggers_keeps_the_session(
+    farm: LatencyFarm,
+) -> None:
+    async def scenario() -> None:
+        async with MCPToolPool({"lat": {"urls": farm.urls[:2], "timeout_s": 0.5}}) as pool:
+            slow = await pool.call(ToolCall("sleep", {"ms": 5_000}))
+            assert slow.error_kind is ErrorKind.TIMEOUT, slow.text
+            for _ in range(200):  # until the check the timeout triggered is done
+                replicas = pool.stats()["lat"]["by_replica"].values()
+                if sum(r["health_checks"] for r in replicas) == 1:
+                    break
+                await asyncio.sleep(0.05)
+            # The server answered the check (tools/list; ping is gone from the 2026 protocol).
+            assert [r["health_checks"] for r in replicas].count(1) == 1
+            assert all(r["state"] == ReplicaState.READY.value for r in replicas)
+            assert pool.stats()["lat"]["restarts"] == 0
+            assert all([(await pool.call(ToolCall("sleep", {}))).ok for _ in range(4)])
+
+    run(scenario())
+
+
+def test_a_url_down_at_start_is_skipped_and_all_down_at_start_is_a_start_error(farm: LatencyFarm) -> None:
+    nothing = [f"http://127.0.0.1:{free_port()}/mcp" for _ in range(2)]
+
+    async def scenario() -> None:
+        async with MCPToolPool({"lat": {"urls": [nothing[0], farm.urls[0]]}}) as pool:
+            results = await asyncio.gather(*(pool.call(ToolCall("sleep", {})) for _ in range(10)))
+            assert all(r.ok and served_by(r) == 0 for r in results), [r.text for r in results]
+            assert replica_stats(pool, nothing[0])["state"] == ReplicaState.FAILED.value
+            assert replica_stats(pool, nothing[0])["calls"] == 0
+        with pytest.raises(MCPServerStartError) as raised:
+            await MCPToolPool({"lat": {"urls": nothing}}).start()
+        assert all(f"replica lat@{url}" in raised.value.failures["lat"] for url in nothing)
+
+    run(scenario())
+
+
+@pytest.mark.timeout(180)
+def test_a_url_that_stops_answering_is_taken_out_after_its_calls_time_out(farm: LatencyFarm) -> None:
+    async def scenario() -> None:
+        config = {"lat": {"urls": farm.urls, "timeout_s": 2, "start_timeout_s": 3}}
+        async with MCPToolPool(config) as pool:
+            assert all([(await pool.call(ToolCall("sleep", {}))).ok for _ in range(6)])
+            stopped = farm.process(1).pid
+            os.kill(stopped, signal.SIGSTOP)  # alive, accepting connections, never answering
+            try:
+                hung: list[ToolResult] = []
+                for _ in range(60):  # rounds until the check after a timeout has taken the URL out
+                    if replica_stats(pool, farm.urls[1])["state"] != ReplicaState.READY.value:
+                        break
+                    calls = [pool.call(ToolCall("sleep", {"payload": str(i)})) for i in range(6)]
+                    hung += [r for r in await asyncio.gather(*calls) if not r.ok]
+                out = replica_stats(pool, farm.urls[1])
+                assert out["state"] != ReplicaState.READY.value
+                assert hung and {r.error_kind for r in hung} <= {ErrorKind.TIMEOUT, ErrorKind.SERVER_DIED}
+                later = await asyncio.gather(*(pool.call(ToolCall("sleep", {})) for _ in range(30)))
+                assert all(r.ok and served_by(r) in (0, 2) for r in later), [r.text for r in later]
+                assert replica_stats(pool, farm.urls[1])["calls"] == out["calls"]
+            finally:
+                os.kill(stopped, signal.SIGCONT)
+
+    run(scenario())
+
+
+# -- servers killed ------------------------------------------------------------------------------
+
+
 @pytest.mark.timeout(180)
 def test_a_killed_url_fails_only_its_in_flight_calls_and_later_calls_go_to_the_live_ones(
-    capsys: pytest.CaptureFixture[str],
+    farm: LatencyFarm, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with latency_servers(3) as (processes, urls):
+    async def scenario() -> None:
+        async with MCPToolPool({"lat": {"urls": farm.urls, "timeout_s": 30}}) as pool:
+            episodes = Episodes(pool)
+            running = asyncio.create_task(episodes.run())
+            await episodes.halfway.wait()
+            before = Counter(served_by(r) for _, r in episodes.calls)
+            await asyncio.to_thread(farm.kill, 1)  # the episodes run on meanwhile
+            killed_at = time.monotonic()
+            finished = await running
 
-        async def scenario() -> None:
-            async with MCPToolPool({"lat": {"urls": urls, "timeout_s": 30}}) as pool:
-                episodes = Episodes(pool)
-                running = asyncio.create_task(episodes.run())
-                await episodes.halfway.wait()
-                before = Counter(served_by(r) for _, r in episodes.calls)
-                await asyncio.to_thread(kill, processes[1])  # the episodes run on meanwhile
-                killed_at = time.monotonic()
-                finished = await running
+            # Every episode finished every turn; the only errors are calls in flight at the kill.
+            assert [len(results) for results in finished] == [TURNS] * EPISODES
+            errors = [(t, r) for t, r in episodes.calls if not r.ok]
+            assert {r.error_kind for _, r in errors} <= {ErrorKind.SERVER_DIED}
+            assert all(t < killed_at for t, _ in errors) and len(errors) <= EPISODES
+            later = [r for t, r in episodes.calls if t > killed_at]
+            assert later and all(r.ok for r in later), [r.text for r in later if not r.ok]
+            after = Counter(served_by(r) for r in later)
+            assert set(before) == {0, 1, 2} and set(after) == {0, 2}
+            assert min(after[0], after[2]) >= len(later) / 4  # least-in-flight spreads them
 
-                # Every episode finished every turn; the only errors are calls in flight at the kill.
-                assert [len(results) for results in finished] == [TURNS] * EPISODES
-                errors = [(t, r) for t, r in episodes.calls if not r.ok]
-                assert {r.error_kind for _, r in errors} <= {ErrorKind.SERVER_DIED}
-                assert all(t < killed_at for t, _ in errors) and len(errors) <= EPISODES
-                later = [r for t, r in episodes.calls if t > killed_at]
-                assert later and all(r.ok for r in later), [r.text for r in later if not r.ok]
-                after = Counter(served_by(r) for r in later)
-                assert set(before) == {0, 1, 2} and set(after) == {0, 2}
-                assert min(after[0], after[2]) >= len(later) / 4  # least-in-flight spreads them
+            # The dead URL is out: once it has left READY, it gets no more calls.
+            dead = replica_stats(pool, farm.urls[1])
+            assert dead["state"] != ReplicaState.READY.value
+            again = await Episodes(pool).run()
+            assert all(r.ok and served_by(r) in (0, 2) for results in again for r in results)
+            assert replica_stats(pool, farm.urls[1])["calls"] == dead["calls"]
+            stats = pool.stats()["lat"]
+            with capsys.disabled():
+                print(
+                    f"\n[urls] {EPISODES} episodes x {TURNS} calls; served before the kill {dict(before)}, "
+                    f"after {dict(after)}; server_died (in flight at the kill): {len(errors)}; "
+                    f"failovers {stats['failovers']}; "
+                    f"calls per replica {[r['calls'] for r in stats['by_replica'].values()]}"
+                )
 
-                # The dead URL is out: once it has left READY, it gets no more calls.
-                dead = pool.stats()["lat"]["by_replica"][f"lat@{urls[1]}"]
-                assert dead["state"] != ReplicaState.READY.value
-                again = await Episodes(pool).run()
-                assert all(r.ok and served_by(r) in (0, 2) for results in again for r in results)
-                stats = pool.stats()["lat"]
-                assert stats["by_replica"][f"lat@{urls[1]}"]["calls"] == dead["calls"]
-                with capsys.disabled():
-                    print(
-                        f"\n[urls] {EPISODES} episodes x {TURNS} calls; served before the kill {dict(before)}, "
-                        f"after {dict(after)}; server_died (in flight at the kill): {len(errors)}; "
-                        f"failovers {stats['failovers']}; "
-                        f"calls per replica {[r['calls'] for r in stats['by_replica'].values()]}"
-                    )
-
-        run(scenario())
+    run(scenario())
 
 
 @pytest.mark.timeout(180)
 def test_all_urls_down_gives_error_observations_without_a_hang_and_a_url_that_returns_serves_again(
-    capsys: pytest.CaptureFixture[str],
+    farm: LatencyFarm, capsys: pytest.CaptureFixture[str]
 ) -> None:
     timeout_s = 20.0
 
     async def scenario() -> None:
-        with latency_servers(3) as (processes, urls):
-            pool = MCPToolPool({"lat": {"urls": urls, "timeout_s": timeout_s, "start_timeout_s": 10}})
-            await pool.start()
-            try:
-                assert (await pool.call(ToolCall("sleep", {}))).ok
-                in_flight = [
-                    asyncio.create_task(pool.call(ToolCall("sleep", {"ms": 60_000}))) for _ in range(6)
-                ]
-                await asyncio.sleep(0.5)
-                for process in processes:
-                    kill(process)
-                killed_at = time.monotonic()
-                cut = await asyncio.gather(*in_flight)
-                assert {r.error_kind for r in cut} == {ErrorKind.SERVER_DIED}, [r.text for r in cut]
-                down = await asyncio.gather(
-                    *(pool.call(ToolCall("sleep", {"payload": str(i)})) for i in range(20))
-                )
-                all_down_s = time.monotonic() - killed_at
-                assert all(
-                    r.error_kind in (ErrorKind.SERVER_DIED, ErrorKind.SERVER_UNAVAILABLE) for r in down
-                )
-                assert max(r.latency_s for r in down) < timeout_s  # a generous hang guard, not a speed
-                unavailable = [r for r in down if r.error_kind is ErrorKind.SERVER_UNAVAILABLE]
-                assert unavailable and all("lat@" in r.text for r in unavailable)
+        async with MCPToolPool({"lat": {"urls": farm.urls, "timeout_s": timeout_s}}) as pool:
+            assert (await pool.call(ToolCall("sleep", {}))).ok
+            in_flight = [asyncio.create_task(pool.call(ToolCall("sleep", {"ms": 60_000}))) for _ in range(6)]
+            await asyncio.sleep(0.5)
+            for i in range(3):
+                farm.kill(i)
+            killed_at = time.monotonic()
+            cut = await asyncio.gather(*in_flight)
+            assert {r.error_kind for r in cut} == {ErrorKind.SERVER_DIED}, [r.text for r in cut]
+            down = await asyncio.gather(
+                *(pool.call(ToolCall("sleep", {"payload": str(i)})) for i in range(20))
+            )
+            all_down_s = time.monotonic() - killed_at
+            assert all(r.error_kind in (ErrorKind.SERVER_DIED, ErrorKind.SERVER_UNAVAILABLE) for r in down)
+            assert max(r.latency_s for r in down) < timeout_s  # a generous hang guard, not a speed
+            unavailable = [r for r in down if r.error_kind is ErrorKind.SERVER_UNAVAILABLE]
+            assert unavailable and all("lat@" in r.text for r in unavailable)
 
-                # One URL comes back on its port: a later call past its backoff finds it again.
-                port = int(urls[2].rsplit(":", 1)[1].split("/")[0])
-                argv = [sys.executable, "-m", "rlf_envs.servers.latency", "--latency-ms", str(BASE_MS + 2)]
-                with http_server(argv, port):
-                    back = None
-                    for _ in range(120):
-                        back = await pool.call(ToolCall("sleep", {}))
-                        if back.ok:
-                            break
-                        await asyncio.sleep(0.25)
-                    assert back is not None and back.ok and served_by(back) == 2, back
-                with capsys.disabled():
-                    print(
-                        f"\n[urls] all 3 killed: {len(cut)} in-flight calls server_died, 20 new calls answered "
-                        f"{Counter(r.error_kind.value for r in down if r.error_kind)} "
-                        f"{all_down_s:.2f} s after the kill (max call latency {max(r.latency_s for r in down):.3f} s)"
-                    )
-            finally:
-                await pool.aclose()
+            # One URL comes back on its port: a later call past its backoff finds it again.
+            farm.ensure_running(2)
+            back = None
+            for _ in range(120):
+                back = await pool.call(ToolCall("sleep", {}))
+                if back.ok:
+                    break
+                await asyncio.sleep(0.25)
+            assert back is not None and back.ok and served_by(back) == 2, back
+            with capsys.disabled():
+                print(
+                    f"\n[urls] all 3 killed: {len(cut)} in-flight calls server_died, 20 new calls answered "
+                    f"{Counter(r.error_kind.value for r in down if r.error_kind)} {all_down_s:.2f} s "
+                    f"after the kill (max call latency {max(r.latency_s for r in down):.3f} s)"
+                )
 
     run(scenario())
 
 
-@pytest.mark.timeout(180)
-def test_a_url_that_stops_answering_is_taken_out_after_its_calls_time_out() -> None:
-    with latency_servers(3) as (processes, urls):
+def test_a_refused_request_was_not_delivered_and_one_in_flight_at_the_death_was(
+    latency_farm: LatencyFarm,
+) -> None:
+    farm = latency_farm.ensure_running(2)  # the one the test before left running
 
-        async def scenario() -> None:
-            config = {"lat": {"urls": urls, "timeout_s": 2, "start_timeout_s": 3}}
-            async with MCPToolPool(config) as pool:
-                assert all([(await pool.call(ToolCall("sleep", {}))).ok for _ in range(6)])
-                stopped = f"lat@{urls[1]}"
-                os.kill(processes[1].pid, signal.SIGSTOP)  # alive, accepting connections, never answering
-                try:
-                    hung: list[ToolResult] = []
-                    for _ in range(60):  # rounds until the ping after a timeout has taken the URL out
-                        if pool.stats()["lat"]["by_replica"][stopped]["state"] != ReplicaState.READY.value:
-                            break
-                        calls = [pool.call(ToolCall("sleep", {"payload": str(i)})) for i in range(6)]
-                        hung += [r for r in await asyncio.gather(*calls) if not r.ok]
-                    out = pool.stats()["lat"]["by_replica"][stopped]
-                    assert out["state"] != ReplicaState.READY.value
-                    assert hung and {r.error_kind for r in hung} <= {ErrorKind.TIMEOUT, ErrorKind.SERVER_DIED}
-                    later = await asyncio.gather(*(pool.call(ToolCall("sleep", {})) for _ in range(30)))
-                    assert all(r.ok and served_by(r) in (0, 2) for r in later), [r.text for r in later]
-                    assert pool.stats()["lat"]["by_replica"][stopped]["calls"] == out["calls"]
-                finally:
-                    os.kill(processes[1].pid, signal.SIGCONT)
-
-        run(scenario())
-
-
-def test_a_slow_call_on_a_healthy_url_is_a_timeout_and_the_check_it_triggers_keeps_the_session() -> None:
-    with latency_servers(2) as (_, urls):
-
-        async def scenario() -> None:
-            async with MCPToolPool({"lat": {"urls": urls, "timeout_s": 0.5}}) as pool:
-                slow = await pool.call(ToolCall("sleep", {"ms": 5_000}))
-                assert slow.error_kind is ErrorKind.TIMEOUT, slow.text
-                for _ in range(200):  # until the check the timeout triggered is done
-                    replicas = pool.stats()["lat"]["by_replica"].values()
-                    if sum(r["health_checks"] for r in replicas) == 1:
-                        break
-                    await asyncio.sleep(0.05)
-                # The server answered the check (tools/list; ping is gone from the 2026 protocol).
-                assert [r["health_checks"] for r in replicas].count(1) == 1
-                assert all(r["state"] == ReplicaState.READY.value for r in replicas)
-                assert pool.stats()["lat"]["restarts"] == 0
-                assert all([(await pool.call(ToolCall("sleep", {}))).ok for _ in range(4)])
-
-        run(scenario())
-
-
-def test_a_refused_request_was_not_delivered_and_one_in_flight_at_the_death_was() -> None:
     async def scenario() -> None:
-        with latency_servers(1) as ([process], [url]):
-            [config] = load_mcp_config({"s": {"url": url}})
-            replica = MCPReplica(config, index=0, timeout_s=30.0)
-            replica.start()
-            try:
-                assert await replica.wait_started() is None
-                in_flight = asyncio.create_task(replica.attempt(ToolCall("sleep", {"ms": 60_000})))
-                await asyncio.sleep(0.5)
-                kill(process)
-                died = await in_flight
-                assert died.result.error_kind is ErrorKind.SERVER_DIED and died.delivered
-                refused = await replica.attempt(ToolCall("sleep", {}))
-                assert refused.result.error_kind in (ErrorKind.SERVER_DIED, ErrorKind.SERVER_UNAVAILABLE)
-                assert not refused.delivered, refused.result.text
-            finally:
-                await replica.stop()
+        [config] = load_mcp_config({"s": {"url": farm.urls[2]}})
+        replica = MCPReplica(config, index=0, timeout_s=30.0)
+        replica.start()
+        try:
+            assert await replica.wait_started() is None
+            in_flight = asyncio.create_task(replica.attempt(ToolCall("sleep", {"ms": 60_000})))
+            await asyncio.sleep(0.5)
+            farm.kill(2)
+            died = await in_flight
+            assert died.result.error_kind is ErrorKind.SERVER_DIED and died.delivered
+            refused = await replica.attempt(ToolCall("sleep", {}))
+            assert refused.result.error_kind in (ErrorKind.SERVER_DIED, ErrorKind.SERVER_UNAVAILABLE)
+            assert not refused.delivered, refused.result.text
+        finally:
+            await replica.stop()
 
     run(scenario())
+
+
+# -- configuration -------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

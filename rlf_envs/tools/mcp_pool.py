@@ -180,16 +180,32 @@ class _Server:
             replica.start()
 
     async def wait_started(self) -> str | None:
-        """None once every replica is up (tools listed), else why the first one that failed did."""
+        """None once the server can serve (tools listed), else why its replicas failed to start.
+
+        Every replica must come up, except with several ``urls``: one URL up is enough there, and
+        the others are logged and tried again like any replica that went down (a host may be down
+        when a run starts).
+        """
         reasons = await asyncio.gather(*(replica.wait_started() for replica in self.replicas))
-        failed = [
-            f"replica {r.label}: {reason}" if len(self.replicas) > 1 else reason
-            for r, reason in zip(self.replicas, reasons, strict=True)
-            if reason
-        ]
-        if failed:
-            return "; ".join(failed)
-        self.tools = {tool.name: RemoteTool.from_mcp(tool) for tool in self.replicas[0].tools}
+        failed = {r.label: reason for r, reason in zip(self.replicas, reasons, strict=True) if reason}
+        up = [r for r in self.replicas if r.label not in failed]
+        if failed and (len(self.config.urls) <= 1 or not up):
+            if len(self.replicas) == 1:
+                return next(iter(failed.values()))
+            return "; ".join(f"replica {label}: {reason}" for label, reason in failed.items())
+        for label, reason in failed.items():
+            logger.warning(
+                "MCP server %r: %s is down at start (%s); the other URLs serve", self.name, label, reason
+            )
+        self.tools = {tool.name: RemoteTool.from_mcp(tool) for tool in up[0].tools}
+        for replica in up[1:]:
+            if {tool.name for tool in replica.tools} != set(self.tools):
+                logger.warning(
+                    "MCP server %r: %s lists other tools than %s; calls are checked against the latter's",
+                    self.name,
+                    replica.label,
+                    up[0].label,
+                )
         return None
 
     async def stop(self) -> None:

@@ -16,8 +16,10 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+import gymnasium as gym
 import pytest
 
+import rlf_envs  # noqa: F401  (registers the env ids)
 from rlf_envs.tools.mcp_config import MCPConfigError, load_mcp_config
 from rlf_envs.tools.mcp_pool import MCPServerStartError, MCPToolPool
 from rlf_envs.tools.mcp_replica import MCPReplica, ReplicaState
@@ -84,6 +86,11 @@ def latency_farm() -> Iterator[LatencyFarm]:
 def farm(latency_farm: LatencyFarm) -> LatencyFarm:
     """The module's three servers, every one of them running."""
     return latency_farm.ensure_running()
+
+
+def served_by_text(text: str) -> int:
+    """Which server wrote "slept 41.0 ms" in an observation."""
+    return round(float(text.split("slept ", 1)[1].split()[0])) - BASE_MS
 
 
 def served_by(result: ToolResult) -> int | None:
@@ -235,6 +242,28 @@ def test_a_killed_url_fails_only_its_in_flight_calls_and_later_calls_go_to_the_l
                 )
 
     run(scenario())
+
+
+@pytest.mark.timeout(180)
+def test_vector_env_episodes_over_urls_finish_with_every_call_answered_after_a_url_dies(
+    farm: LatencyFarm,
+) -> None:
+    servers = {"mcpServers": {"lat": {"urls": farm.urls}}}
+    tasks = [{"question": f"q{i}", "answer": str(i)} for i in range(8)]
+    envs = gym.make_vec("RLF/ToolUse-v0", num_envs=8, tasks=tasks, mcp_servers=servers, max_turns=4)
+    try:
+        envs.reset(seed=0)
+        sleep = '<tool_call>{"name": "sleep", "arguments": {}}</tool_call>'
+        obs, *_ = envs.step([sleep] * 8)
+        assert {served_by_text(o) for o in obs} == {0, 1, 2}
+        farm.kill(1)  # between steps: no call is on it, so none may fail
+        obs, _, terminated, truncated, infos = envs.step([sleep] * 8)
+        assert not any(infos["errors"][i] for i in range(8)), obs
+        assert {served_by_text(o) for o in obs} <= {0, 2} and not (terminated | truncated).any()
+        obs, rewards, terminated, *_ = envs.step([f"<answer>{i}</answer>" for i in range(8)])
+        assert terminated.all()
+    finally:
+        envs.close()
 
 
 @pytest.mark.timeout(180)

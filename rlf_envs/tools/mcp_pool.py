@@ -10,10 +10,14 @@ flight); a dead server is restarted in the background so the next call finds it 
 The pool routes each call by tool name to its server (a ``_Server``: the server's replicas, tools,
 result cache and counters), which checks the arguments against the tool's input schema
 (:mod:`~rlf_envs.tools.mcp_schema`), answers repeats from its cache
-(:mod:`~rlf_envs.tools.mcp_cache`) and sends the rest to its least-loaded replica. A replica is
-one session and its supervisor; :mod:`~rlf_envs.tools.mcp_replica` documents its state machine
-(restarts, and what happens to in-flight calls), :mod:`~rlf_envs.tools.mcp_errors` how a failure
-becomes an :class:`ErrorKind`. Everything runs on the caller's asyncio loop.
+(:mod:`~rlf_envs.tools.mcp_cache`) and sends the rest to its least-loaded replica. A server given
+as several ``urls`` has ``replicas`` sessions on each URL, all in one balance. A call that surely
+never reached its replica (the replica had no session, or the HTTP request was refused before any
+byte went out) goes to the next one; a call that may have reached it is never sent twice, since
+tools can have side effects (docs/env_contract.md, "MCP servers"). A replica is one session and
+its supervisor; :mod:`~rlf_envs.tools.mcp_replica` documents its state machine (restarts, and what
+happens to in-flight calls), :mod:`~rlf_envs.tools.mcp_errors` how a failure becomes an
+:class:`ErrorKind`. Everything runs on the caller's asyncio loop.
 
 Example:
     >>> import asyncio, sys
@@ -134,7 +138,8 @@ class MCPToolPool:
         await asyncio.gather(*(server.stop() for server in self._servers))
 
     def stats(self) -> dict[str, dict[str, Any]]:
-        """Per server: transport, replicas, calls, ok, errors by kind, cache hits, restarts, in-flight."""
+        """Per server: transport, replicas, calls, ok, errors by kind, cache hits, failovers, restarts,
+        in-flight, and ``by_replica`` (each replica's state, calls, in-flight calls, health checks)."""
         return {server.name: server.stats() for server in self._servers}
 
     async def __aenter__(self) -> MCPToolPool:

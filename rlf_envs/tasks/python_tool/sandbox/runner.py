@@ -1,14 +1,15 @@
 """PythonSandbox: runs python source in a fresh, limited child process per call, many calls at once.
 
 Each call gets a new working directory and a new interpreter, ``python -I -S -B -u -X utf8 -c
-<prelude>``, in its own session (so the whole process group can be killed), with a minimal
-environment. Where bubblewrap works (``isolation="auto"`` or ``"bwrap"``, see
-:mod:`rlf_envs.isolation`) the interpreter runs inside bwrap: its own namespaces, no network, a
-read-only view of ``/usr`` and the interpreter's prefix only, and a private size-limited tmpfs that
-holds ``/tmp`` and the working directory; as root it also runs as a uid of its own. Otherwise
-(``"guards"``) it runs directly, in a temporary directory that is removed afterwards. In both modes
-the prelude (``prelude.py``) lowers the rlimits and installs the audit hook before the program
-runs; this side enforces the wall-clock and output limits and always kills the group.
+<prelude>``, in its own session, with a minimal environment. Where bubblewrap works
+(``isolation="auto"`` or ``"bwrap"``, see :mod:`rlf_envs.isolation`) the interpreter runs inside
+bwrap: its own namespaces, no network, a read-only view of ``/usr`` and the interpreter's prefix
+only, and a private size-limited tmpfs that holds ``/tmp`` and the working directory. Otherwise
+(``"guards"``) it runs under a small supervisor (``supervisor.py``, a child subreaper that kills
+every descendant at the call's end) in a private temporary directory that is removed afterwards.
+In both modes a root server runs each call as an unused uid of its own (:mod:`.identity`), and the
+prelude lowers the rlimits and installs the audit hook before the program runs; this side enforces
+the wall-clock and output limits, and stops reading the pipes at the deadline whatever holds them.
 
 Example:
     >>> import asyncio
@@ -31,12 +32,13 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from rlf_envs.isolation import (
     DEFAULT_BWRAP,
+    DEFAULT_SANDBOX_UID,
     Bubblewrap,
     IsolationMode,
     IsolationSettingError,
@@ -47,18 +49,34 @@ from rlf_envs.isolation import (
     resolve_isolation,
     sandbox_python,
 )
+from rlf_envs.tasks.python_tool.sandbox.identity import (
+    PLAIN_FLAGS,
+    Launch,
+    UidPoolExhaustedError,
+    plan_launch,
+    process_uid_pool,
+    world_reachable,
+)
 from rlf_envs.tasks.python_tool.sandbox.limits import SandboxConfigError, SandboxLimits
 from rlf_envs.tasks.python_tool.sandbox.output import CappedOutput
 from rlf_envs.tasks.python_tool.sandbox.result import Outcome, SandboxResult
 
-PRELUDE_SOURCE = Path(__file__).with_name("prelude.py").read_text(encoding="utf-8")
-INTERPRETER_FLAGS = ("-I", "-S", "-B", "-u", "-X", "utf8")
-# after the process is dead its pipes close at once, unless something outside its group holds them
+_HERE = Path(__file__).parent
+# the hook's helpers first: the prelude runs as one -c program and uses them
+PRELUDE_SOURCE = "\n\n".join(
+    (_HERE / name).read_text(encoding="utf-8") for name in ("audit_hook.py", "prelude.py")
+)
+SUPERVISOR_SOURCE = (_HERE / "supervisor.py").read_text(encoding="utf-8")
+# after the call's processes are dead its pipes close at once; this bounds the wait if they are not
 PIPE_GRACE_S = 1.0
+# how long the supervisor (guards) gets to kill the call's processes once asked, before SIGKILL
+STOP_GRACE_S = 2.0
+EXIT_POLL_S = 0.01
 DEFAULT_MAX_CONCURRENCY = 16
-# Under bwrap as root, call slot k runs as uid SANDBOX_UID_BASE + k, a uid no account uses: the
-# kernel counts RLIMIT_NPROC per uid, so each call's process limit counts that call alone.
-SANDBOX_UID_BASE = 2_000_000_000
+GUARDS_FALLBACK_WARNING = (
+    "WARNING: bubblewrap is not usable here, so programs run with the in-process guards only, which "
+    "are not a security boundary (see docs/sandbox.md); use --isolation bwrap in production"
+)
 
 
 class SandboxInputError(ValueError):
@@ -108,13 +126,21 @@ class PythonSandbox:
         self.max_concurrency = max_concurrency
         self.extra_read_roots = [str(Path(root).resolve()) for root in extra_read_roots]
         self.isolation = _resolve(isolation, bwrap_path)
+        # auto fell back: said in info() and so in the server's instructions and sandbox_stats
+        self.warning = (
+            GUARDS_FALLBACK_WARNING if isolation == "auto" and self.isolation is IsolationMode.GUARDS else ""
+        )
         self._bwrap: Bubblewrap | None = None
         self._read_only: tuple[str, ...] = ()
         if self.isolation is IsolationMode.BWRAP:
             self._bwrap = probe_bubblewrap(bwrap_path).bubblewrap
             self._read_only = (*interpreter_roots(python), *self.extra_read_roots)
         self._inner_python = sandbox_python(python)  # a venv's bin/python links outside the sandbox
-        self._free_uids = [SANDBOX_UID_BASE + slot for slot in reversed(range(max_concurrency))]
+        self._uids = process_uid_pool()
+        self._drop_root = os.geteuid() == 0
+        self._launch = (
+            self._plan_guarded_launch() if self._bwrap is None else Launch(self._inner_python, PLAIN_FLAGS)
+        )
         self._slots = asyncio.Semaphore(max_concurrency)
         self._calls = 0
         self._waiting = 0
@@ -122,13 +148,30 @@ class PythonSandbox:
         self._peak_in_flight = 0
         self._outcomes: Counter[str] = Counter()
 
+    def _plan_guarded_launch(self) -> Launch:
+        if self._drop_root:
+            parent = self.tmp_root or tempfile.gettempdir()
+            if not world_reachable(parent):
+                raise SandboxConfigError(
+                    f"tmp_root {parent!r} must be reachable by every user: as root each call runs as a uid of its own"
+                )
+        try:
+            return plan_launch(self._inner_python, self._drop_root)
+        except (OSError, ValueError) as error:
+            raise SandboxStartError(f"cannot run {self.python} as an unprivileged uid: {error}") from error
+
     def info(self) -> dict[str, Any]:
-        """How calls are isolated: ``{"isolation": "bwrap" | "guards", ...}`` (bwrap's version, uid)."""
+        """How calls are isolated: ``{"isolation": "bwrap" | "guards", ...}``: bwrap's version, the uids
+        calls run as (``host_uids``, when the server is root), and ``warning`` when ``auto`` fell back."""
+        info: dict[str, Any] = {"isolation": IsolationMode.GUARDS.value}
+        if self._bwrap is not None:
+            info = self._bwrap.info()
+        if self._drop_root and (self._bwrap is None or self._bwrap.setpriv is not None):
+            info["host_uids"] = self._uids.bounds()
         if self._bwrap is None:
-            return {"isolation": IsolationMode.GUARDS.value}
-        info = self._bwrap.info()
-        if self._bwrap.setpriv is not None:
-            info["host_uids"] = [SANDBOX_UID_BASE, SANDBOX_UID_BASE + self.max_concurrency - 1]
+            info["subreaper"] = True  # every descendant of a call is killed at its end
+        if self.warning:
+            info["warning"] = self.warning
         return info
 
     def stats(self) -> dict[str, Any]:
@@ -167,49 +210,80 @@ class PythonSandbox:
         self._outcomes[result.outcome.value] += 1
         return result
 
-    def _make_workdir(self) -> str:
+    def _take_uid(self) -> int:
+        if not self._drop_root:
+            return -1
         try:
-            return tempfile.mkdtemp(prefix="rlf-sandbox-", dir=self.tmp_root)
+            return self._uids.take()
+        except UidPoolExhaustedError as error:
+            raise SandboxStartError(str(error)) from error
+
+    def _release_uid(self, uid: int) -> None:
+        if uid >= 0:
+            self._uids.give_back(uid)
+
+    def _make_workdir(self, uid: int) -> str:
+        """A new directory of mode 0700, owned by the call's uid: no other call can read it."""
+        try:
+            workdir = tempfile.mkdtemp(prefix="rlf-sandbox-", dir=self.tmp_root)
+            if uid >= 0:
+                os.chown(workdir, uid, uid)
+            return workdir
         except OSError as error:
             raise SandboxStartError(f"could not create the working directory: {error}") from error
 
-    def _command(self, python: str, workdir: str) -> list[str]:
+    def _command(self, launch: Launch, workdir: str) -> list[str]:
         return [
-            python,
-            *INTERPRETER_FLAGS,
+            launch.executable,
+            *launch.flags,
             "-c",
             PRELUDE_SOURCE,
             workdir,
             *self.limits.prelude_args(),
+            launch.pinned_fds,
             *self.extra_read_roots,
         ]
 
     async def _run_guarded(self, code: str) -> SandboxResult:
-        workdir = self._make_workdir()
+        """Run under the supervisor, as the call's own uid when the server is root."""
+        uid = self._take_uid()
         try:
-            return await self._run_in(self._command(self.python, workdir), workdir, _child_env(workdir), code)
+            workdir = self._make_workdir(uid)
+            try:
+                launch = self._launch
+                supervisor = [self._inner_python, "-I", "-S", "-B", "-c", SUPERVISOR_SOURCE, str(uid)]
+                supervisor += [launch.pinned_prefix, launch.pinned_binary, "--"]
+                env = {**_child_env(workdir), **dict(launch.env)}
+                argv = [*supervisor, *self._command(launch, workdir)]
+                return await self._run_in(argv, workdir, env, code, stop=_terminate)
+            finally:
+                remove_tree(workdir)
         finally:
-            remove_tree(workdir)
+            self._release_uid(uid)
 
     async def _run_bwrapped(self, code: str) -> SandboxResult:
         """Run in bwrap: the working directory lives in the call's private tmpfs, gone with it."""
         assert self._bwrap is not None
         workdir = f"/tmp/rlf-sandbox-{secrets.token_hex(6)}"
-        uid = self._free_uids.pop()  # a slot is held, so a uid is free
+        uid = self._take_uid() if self._bwrap.setpriv is not None else -1
         layout = Layout(
             read_only=self._read_only,
             workdir=workdir,
             tmp_mb=int(self.limits.disk_mb),
             env=_child_env(workdir),
-            uid=uid,
+            uid=uid if uid >= 0 else DEFAULT_SANDBOX_UID,
         )
-        argv = self._bwrap.command(self._command(self._inner_python, workdir), layout)
+        argv = self._bwrap.command(self._command(self._launch, workdir), layout)
         try:
-            return await self._run_in(argv, "/", {"PATH": "/usr/bin:/bin"}, code)
+            return await self._run_in(argv, "/", {"PATH": "/usr/bin:/bin"}, code, stop=kill_group)
         finally:
-            self._free_uids.append(uid)
+            self._release_uid(uid)
 
-    async def _run_in(self, argv: list[str], cwd: str, env: dict[str, str], code: str) -> SandboxResult:
+    async def _run_in(
+        self, argv: list[str], cwd: str, env: dict[str, str], code: str, stop: Callable[[int], None]
+    ) -> SandboxResult:
+        """Run ``argv``; ``stop(pid)`` ends the call early (wall clock, output limit). It returns
+        within about ``wall_s + 2 * STOP_GRACE_S + PIPE_GRACE_S`` whatever holds the pipes."""
         limits = self.limits
         started = time.monotonic()
         try:
@@ -229,26 +303,23 @@ class PythonSandbox:
         self._peak_in_flight = max(self._peak_in_flight, self._in_flight)
         killed_for: list[Outcome] = []
 
-        def kill(reason: Outcome) -> None:
+        def end_early(reason: Outcome) -> None:
             if not killed_for:
                 killed_for.append(reason)
-            kill_group(process.pid)
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()  # the group kill already did it, unless the child left its group
+            stop(process.pid)
 
-        output = CappedOutput(limits.output_chars, on_overflow=lambda: kill(Outcome.OUTPUT_LIMIT))
+        output = CappedOutput(limits.output_chars, on_overflow=lambda: end_early(Outcome.OUTPUT_LIMIT))
         assert process.stdout is not None and process.stderr is not None
         pumps = [
             asyncio.create_task(output.pump(process.stdout, "stdout")),
             asyncio.create_task(output.pump(process.stderr, "stderr")),
         ]
         try:
-            try:
-                await asyncio.wait_for(_feed_and_wait(process, code), timeout=limits.wall_s)
-            except TimeoutError:
-                kill(Outcome.WALL_TIMEOUT)
-                await process.wait()
-            kill_group(process.pid)  # anything the program left behind in its group
+            await _feed(process, code)
+            if not await _exited(process, started + limits.wall_s - time.monotonic()):
+                end_early(Outcome.WALL_TIMEOUT)
+            await _reap(process)
+            # stop reading at the deadline even if something outside the call still holds the pipes
             _, pending = await asyncio.wait(pumps, timeout=PIPE_GRACE_S)
             for pump in pending:
                 pump.cancel()
@@ -257,9 +328,10 @@ class PythonSandbox:
                 kill_group(process.pid)
                 with contextlib.suppress(ProcessLookupError):
                     process.kill()
-                await process.wait()
+                await _exited(process, STOP_GRACE_S)
             for pump in pumps:
                 pump.cancel()
+            _close_pipes(process)
             self._in_flight -= 1
 
         exit_code = _exit_status(process.returncode, via_bwrap=self._bwrap is not None)
@@ -274,6 +346,40 @@ class PythonSandbox:
             wall_limit_s=float(limits.wall_s),
             output_limit_chars=limits.output_chars,
         )
+
+
+async def _exited(process: asyncio.subprocess.Process, timeout: float) -> bool:
+    """Whether the process exits within ``timeout`` seconds. Unlike ``process.wait()``, which also
+    waits for its pipes to close, this does not depend on what else holds the pipes."""
+    deadline = time.monotonic() + timeout
+    while process.returncode is None:
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(EXIT_POLL_S)
+    return True
+
+
+async def _reap(process: asyncio.subprocess.Process) -> None:
+    """Let the process end; past STOP_GRACE_S, SIGKILL its group (the guards' supervisor or bwrap)."""
+    if not await _exited(process, STOP_GRACE_S):
+        kill_group(process.pid)
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await _exited(process, STOP_GRACE_S)
+    kill_group(process.pid)  # anything the program left behind in its group
+
+
+def _close_pipes(process: asyncio.subprocess.Process) -> None:
+    """Close our ends of the pipes, so a process that escaped the call cannot keep them busy."""
+    transport = getattr(process, "_transport", None)  # asyncio offers no public way to close them
+    if transport is not None:
+        transport.close()
+
+
+def _terminate(pid: int) -> None:
+    """Ask the guards' supervisor to end the call: it kills every descendant, then exits."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
 
 
 def _resolve(isolation: str, bwrap_path: str) -> IsolationMode:
@@ -300,15 +406,15 @@ def _exit_status(returncode: int | None, *, via_bwrap: bool) -> int | None:
     return returncode
 
 
-async def _feed_and_wait(process: asyncio.subprocess.Process, code: str) -> None:
+async def _feed(process: asyncio.subprocess.Process, code: str) -> None:
+    """Write the program to the child's stdin and close it."""
     assert process.stdin is not None
     try:
         process.stdin.write(code.encode("utf-8", "surrogatepass"))
-        await process.stdin.drain()
+        await asyncio.wait_for(process.stdin.drain(), timeout=STOP_GRACE_S)
         process.stdin.close()
-    except (BrokenPipeError, ConnectionResetError):
+    except (BrokenPipeError, ConnectionResetError, TimeoutError):
         pass  # the child died before reading its program; its exit status says why
-    await process.wait()
 
 
 def _outcome_of(returncode: int | None) -> Outcome:

@@ -25,9 +25,7 @@ import asyncio
 import contextlib
 import os
 import secrets
-import shutil
 import signal
-import stat
 import sys
 import tempfile
 import time
@@ -59,6 +57,16 @@ from rlf_envs.tasks.python_tool.sandbox.identity import (
 )
 from rlf_envs.tasks.python_tool.sandbox.limits import SandboxConfigError, SandboxLimits
 from rlf_envs.tasks.python_tool.sandbox.output import CappedOutput
+from rlf_envs.tasks.python_tool.sandbox.processes import (
+    STOP_GRACE_S,
+    close_pipes,
+    exited,
+    feed,
+    kill_group,
+    reap,
+    remove_tree,
+    terminate,
+)
 from rlf_envs.tasks.python_tool.sandbox.result import Outcome, SandboxResult
 
 _HERE = Path(__file__).parent
@@ -69,9 +77,6 @@ PRELUDE_SOURCE = "\n\n".join(
 SUPERVISOR_SOURCE = (_HERE / "supervisor.py").read_text(encoding="utf-8")
 # after the call's processes are dead its pipes close at once; this bounds the wait if they are not
 PIPE_GRACE_S = 1.0
-# how long the supervisor (guards) gets to kill the call's processes once asked, before SIGKILL
-STOP_GRACE_S = 2.0
-EXIT_POLL_S = 0.01
 DEFAULT_MAX_CONCURRENCY = 16
 GUARDS_FALLBACK_WARNING = (
     "WARNING: bubblewrap is not usable here, so programs run with the in-process guards only, which "
@@ -255,7 +260,7 @@ class PythonSandbox:
                 supervisor += [launch.pinned_prefix, launch.pinned_binary, "--"]
                 env = {**_child_env(workdir), **dict(launch.env)}
                 argv = [*supervisor, *self._command(launch, workdir)]
-                return await self._run_in(argv, workdir, env, code, stop=_terminate)
+                return await self._run_in(argv, workdir, env, code, stop=terminate)
             finally:
                 remove_tree(workdir)
         finally:
@@ -315,10 +320,10 @@ class PythonSandbox:
             asyncio.create_task(output.pump(process.stderr, "stderr")),
         ]
         try:
-            await _feed(process, code)
-            if not await _exited(process, started + limits.wall_s - time.monotonic()):
+            await feed(process, code)
+            if not await exited(process, started + limits.wall_s - time.monotonic()):
                 end_early(Outcome.WALL_TIMEOUT)
-            await _reap(process)
+            await reap(process)
             # stop reading at the deadline even if something outside the call still holds the pipes
             _, pending = await asyncio.wait(pumps, timeout=PIPE_GRACE_S)
             for pump in pending:
@@ -328,10 +333,10 @@ class PythonSandbox:
                 kill_group(process.pid)
                 with contextlib.suppress(ProcessLookupError):
                     process.kill()
-                await _exited(process, STOP_GRACE_S)
+                await exited(process, STOP_GRACE_S)
             for pump in pumps:
                 pump.cancel()
-            _close_pipes(process)
+            close_pipes(process)
             self._in_flight -= 1
 
         exit_code = _exit_status(process.returncode, via_bwrap=self._bwrap is not None)
@@ -346,40 +351,6 @@ class PythonSandbox:
             wall_limit_s=float(limits.wall_s),
             output_limit_chars=limits.output_chars,
         )
-
-
-async def _exited(process: asyncio.subprocess.Process, timeout: float) -> bool:
-    """Whether the process exits within ``timeout`` seconds. Unlike ``process.wait()``, which also
-    waits for its pipes to close, this does not depend on what else holds the pipes."""
-    deadline = time.monotonic() + timeout
-    while process.returncode is None:
-        if time.monotonic() >= deadline:
-            return False
-        await asyncio.sleep(EXIT_POLL_S)
-    return True
-
-
-async def _reap(process: asyncio.subprocess.Process) -> None:
-    """Let the process end; past STOP_GRACE_S, SIGKILL its group (the guards' supervisor or bwrap)."""
-    if not await _exited(process, STOP_GRACE_S):
-        kill_group(process.pid)
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
-        await _exited(process, STOP_GRACE_S)
-    kill_group(process.pid)  # anything the program left behind in its group
-
-
-def _close_pipes(process: asyncio.subprocess.Process) -> None:
-    """Close our ends of the pipes, so a process that escaped the call cannot keep them busy."""
-    transport = getattr(process, "_transport", None)  # asyncio offers no public way to close them
-    if transport is not None:
-        transport.close()
-
-
-def _terminate(pid: int) -> None:
-    """Ask the guards' supervisor to end the call: it kills every descendant, then exits."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
 
 
 def _resolve(isolation: str, bwrap_path: str) -> IsolationMode:
@@ -406,39 +377,7 @@ def _exit_status(returncode: int | None, *, via_bwrap: bool) -> int | None:
     return returncode
 
 
-async def _feed(process: asyncio.subprocess.Process, code: str) -> None:
-    """Write the program to the child's stdin and close it."""
-    assert process.stdin is not None
-    try:
-        process.stdin.write(code.encode("utf-8", "surrogatepass"))
-        await asyncio.wait_for(process.stdin.drain(), timeout=STOP_GRACE_S)
-        process.stdin.close()
-    except (BrokenPipeError, ConnectionResetError, TimeoutError):
-        pass  # the child died before reading its program; its exit status says why
-
-
 def _outcome_of(returncode: int | None) -> Outcome:
     if returncode is not None and returncode < 0:
         return Outcome.CPU_LIMIT if -returncode == signal.SIGXCPU else Outcome.SIGNALLED
     return Outcome.EXITED
-
-
-def kill_group(pid: int) -> None:
-    """SIGKILL the process group led by ``pid`` (the child runs in its own session)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-
-
-def remove_tree(path: str) -> None:
-    """Delete a working directory, even one where the program took away its own permissions."""
-
-    def make_writable_and_retry(_function: Any, failed: str, _exc_info: Any) -> None:
-        with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(failed), stat.S_IRWXU)
-            if os.path.isdir(failed) and not os.path.islink(failed):
-                os.chmod(failed, stat.S_IRWXU)
-                shutil.rmtree(failed, ignore_errors=True)
-            else:
-                os.unlink(failed)
-
-    shutil.rmtree(path, onerror=make_writable_and_retry)

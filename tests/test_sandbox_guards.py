@@ -275,16 +275,20 @@ def _is_child_of(proc: Path, parent: int) -> bool:
 @needs_root
 @pytest.mark.usefixtures("bypassed")
 def test_past_the_hook_a_root_servers_call_cannot_signal_it_or_read_its_secrets(marker: Path) -> None:
+    planted = REPO / f"rlf-guards-{os.getpid()}.txt"
     code = (
         "import os\n"
         f"for attempt in (lambda: os.kill({os.getpid()}, 0), lambda: open('/proc/{os.getpid()}/environ').read(),\n"
-        f"                lambda: open({str(marker)!r}).read(), lambda: open('/etc/shadow').read()):\n"
+        f"                lambda: open({str(marker)!r}).read(), lambda: open('/etc/shadow').read(),\n"
+        f"                lambda: open({str(planted)!r}, 'w').write('planted')):\n"
         "    try:\n        attempt()\n        print('reached')\n"
         "    except OSError as error:\n        print(type(error).__name__)\n"
     )
     assert Path(f"/proc/{os.getpid()}/environ").read_bytes()  # readable to the server's own user
     result = run(code)
-    assert result.stdout.split() == ["PermissionError"] * 4, result.to_text()
+    planted_exists = planted.exists()
+    planted.unlink(missing_ok=True)
+    assert result.stdout.split() == ["PermissionError"] * 5 and not planted_exists, result.to_text()
 
 
 @needs_root
@@ -328,6 +332,24 @@ def test_auto_fallback_is_announced_in_the_instructions_and_stats() -> None:
     assert "isolation: guards" in instructions and "not a security boundary" in instructions
     assert "--isolation bwrap" in stats["warning"] and stats["sandbox_info"]["warning"] == stats["warning"]
     assert text == "42\n[exit code 0]"
+
+
+@needs_root
+def test_a_world_readable_interpreter_runs_as_the_call_uid_without_pinned_descriptors() -> None:
+    system_python = Path("/usr/bin/python3")
+    if not system_python.exists() or system_python.resolve() == Path(sys.executable).resolve():
+        pytest.skip("no second, world-readable interpreter at /usr/bin/python3")
+    version = subprocess.run([str(system_python), "-c", "import sys; print(sys.version_info >= (3, 11))"], capture_output=True, text=True)  # fmt: skip
+    if version.stdout.strip() != "True":
+        pytest.skip("/usr/bin/python3 is older than 3.11")
+    sandbox = PythonSandbox(SandboxLimits(cpu_s=2), isolation="guards", python=str(system_python))
+    code = (
+        "import os, sys\nopen_fds = []\nfor fd in range(64):\n    try:\n        os.fstat(fd)\n"
+        "        open_fds.append(fd)\n    except OSError:\n        pass\n"
+        "print(os.getuid() != 0, sys.flags.isolated, open_fds)"
+    )
+    result = run(code, sandbox)
+    assert result.stdout == "True 1 [0, 1, 2]\n", result.to_text()  # -I, and no pinned descriptors
 
 
 def test_guards_mode_runs_code_and_reports_it() -> None:

@@ -82,6 +82,8 @@ DENIED_IMPORTS = frozenset(
         "readline",
         "_posixshmem",  # shm_open creates files under /dev/shm without an "open" event
         "_multiprocessing",  # sem_open, likewise
+        "spwd",  # reads /etc/shadow from C (built in on Debian's python)
+        "nis",  # NIS lookups over the network without a socket event
         # loaded before the hook; importing them again would bring back what disarm() removed
         "_signal",
         "posix",
@@ -319,7 +321,8 @@ def path_checks(
         return open_checks(path, (flags & policy[8]) != 0, policy, kit)
     for name, index in read_events:
         if name == event:
-            return ((args[index] if index < args.__len__() else ".", None, False),)
+            path = args[index] if index < args.__len__() else None
+            return (("." if path is None else path, None, False),)  # None: os.listdir() and the like
     for name, pairs in write_events:
         if name == event:
             found = ()

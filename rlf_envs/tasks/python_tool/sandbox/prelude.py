@@ -61,10 +61,13 @@ def disarm() -> None:
     ``_imp.create_builtin``; a program that removes one from ``sys.modules`` cannot get it back.
     """
     import _imp
+    import warnings
 
-    for name in sys.builtin_module_names:
-        if name not in sys.modules and name not in DENIED_IMPORTS and not name.startswith("_test"):
-            __import__(name)
+    with warnings.catch_warnings():  # a deprecated built-in module must not warn in every call
+        warnings.simplefilter("ignore")
+        for name in sys.builtin_module_names:
+            if name not in sys.modules and name not in DENIED_IMPORTS and not name.startswith("_test"):
+                __import__(name)
     for module_name, names in UNAUDITED_FUNCTIONS.items():
         module = sys.modules.get(module_name)
         for name in names:

@@ -291,19 +291,7 @@ class PythonSandbox:
         within about ``wall_s + 2 * STOP_GRACE_S + PIPE_GRACE_S`` whatever holds the pipes."""
         limits = self.limits
         started = time.monotonic()
-        try:
-            process = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                cwd=cwd,
-                env=env,
-                start_new_session=True,
-            )
-        except OSError as error:
-            raise SandboxStartError(f"could not start the sandbox interpreter: {error}") from error
-
+        process = await _start(argv, cwd, env)
         self._in_flight += 1
         self._peak_in_flight = max(self._peak_in_flight, self._in_flight)
         killed_for: list[Outcome] = []
@@ -340,17 +328,40 @@ class PythonSandbox:
             self._in_flight -= 1
 
         exit_code = _exit_status(process.returncode, via_bwrap=self._bwrap is not None)
+        outcome = killed_for[0] if killed_for else _outcome_of(exit_code)
+        return self._result(output, exit_code, outcome, time.monotonic() - started)
+
+    def _result(
+        self, output: CappedOutput, exit_code: int | None, outcome: Outcome, took: float
+    ) -> SandboxResult:
+        limits = self.limits
         return SandboxResult(
             stdout=output.text("stdout"),
             stderr=output.text("stderr"),
             exit_code=exit_code,
-            outcome=killed_for[0] if killed_for else _outcome_of(exit_code),
+            outcome=outcome,
             output_truncated=output.truncated,
-            duration_s=time.monotonic() - started,
+            duration_s=took,
             cpu_limit_s=float(limits.cpu_whole_s),
             wall_limit_s=float(limits.wall_s),
             output_limit_chars=limits.output_chars,
         )
+
+
+async def _start(argv: list[str], cwd: str, env: dict[str, str]) -> asyncio.subprocess.Process:
+    """Start ``argv`` in a session of its own, with pipes for its stdin, stdout and stderr."""
+    try:
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+        )
+    except OSError as error:
+        raise SandboxStartError(f"could not start the sandbox interpreter: {error}") from error
 
 
 def _resolve(isolation: str, bwrap_path: str) -> IsolationMode:

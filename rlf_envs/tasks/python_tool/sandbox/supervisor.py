@@ -113,7 +113,13 @@ def kill_uid(uid: int) -> None:
 
 def children() -> list[int]:
     """Live children of this process (descendants land here once their parents die)."""
-    me, found = str(os.getpid()), []
+    me = os.getpid()
+    try:  # CONFIG_PROC_CHILDREN: the kernel's own list (this process has one thread)
+        with open(f"/proc/self/task/{me}/children", "rb") as listing:
+            return [int(pid) for pid in listing.read().split()]
+    except OSError:
+        pass
+    found = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -122,7 +128,7 @@ def children() -> list[int]:
                 fields = stat.read().rsplit(b")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if fields[1].decode() == me:
+        if int(fields[1]) == me:
             found.append(int(name))
     return found
 
@@ -132,16 +138,16 @@ def kill_descendants(uid: int) -> None:
     import time
 
     while True:
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] != 0:
+                pass
+        except ChildProcessError:
+            return  # the usual case: the program left nothing behind
         if uid >= 0:
             kill_uid(uid)
         for pid in children():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        try:
-            while os.waitpid(-1, os.WNOHANG)[0] != 0:
-                pass
-        except ChildProcessError:
-            return
         time.sleep(REAP_PAUSE_S)
 
 

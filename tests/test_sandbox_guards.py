@@ -295,13 +295,17 @@ def test_past_the_hook_a_root_servers_call_cannot_signal_it_or_read_its_secrets(
 @pytest.mark.usefixtures("bypassed")
 def test_past_the_hook_one_call_cannot_read_another_calls_files() -> None:
     sandbox = guards(wall_s=20)
-    writer = "import os, time\nopen('secret.txt', 'w').write('call one')\nprint(os.getcwd(), flush=True)\ntime.sleep(3)"
+    writer = "import os, time\nopen('secret.txt', 'w').write('call one')\nprint(os.getcwd(), flush=True)\ntime.sleep(6)"
 
     async def scenario() -> tuple[SandboxResult, SandboxResult]:
         first = asyncio.create_task(sandbox.run(writer))
-        await asyncio.sleep(1.5)
-        folders = sorted(Path(sandbox.tmp_root or "/tmp").glob("rlf-sandbox-*"))
-        paths = [str(folder / "secret.txt") for folder in folders]
+        paths: list[str] = []
+        for _ in range(100):  # until the first call has written its file (the test runs as root)
+            await asyncio.sleep(0.05)
+            paths = [str(path) for path in Path(sandbox.tmp_root or "/tmp").glob("rlf-sandbox-*/secret.txt")]
+            if paths:
+                break
+        assert paths, "the first call wrote no file"
         reader = (
             f"for path in {paths!r}:\n    try:\n        print(open(path).read())\n"
             "    except OSError as error:\n        print(type(error).__name__)\n"

@@ -104,6 +104,9 @@ class PythonToolTask(Task):
         self.sandbox_concurrency = sandbox_concurrency
         self.bwrap_path = bwrap_path
         self.isolation = _resolve_isolation(isolation, bwrap_path)
+        # "auto" that fell back to guards stays "auto" for the server, which then warns every
+        # client in its MCP instructions and sandbox_stats (a resolved "guards" would not)
+        self.fell_back = isolation == "auto" and self.isolation is IsolationMode.GUARDS
 
     @functools.cached_property
     def split_instances(self) -> dict[str, list[TaskInstance]]:
@@ -133,7 +136,7 @@ class PythonToolTask(Task):
             *("--output-chars", str(self.output_chars), "--wall-s", str(self.wall_s)),
             *("--max-concurrency", str(self.sandbox_concurrency), "--disk-mb", str(self.disk_mb)),
             # the mode resolved here, so the server runs in the mode this task reports
-            *("--isolation", self.isolation.value, "--bwrap", self.bwrap_path),
+            *("--isolation", "auto" if self.fell_back else self.isolation.value, "--bwrap", self.bwrap_path),
         ]
         # calls may queue behind the sandbox's concurrency limit before their wall clock starts
         entry = stdio_server_entry(PYTHON_SERVER_MODULE, args, timeout_s=3 * self.wall_s + 30)
@@ -144,7 +147,10 @@ class PythonToolTask(Task):
         bwrap = probe_bubblewrap(self.bwrap_path).bubblewrap
         if self.isolation is IsolationMode.BWRAP and bwrap is not None:
             return {"sandbox": bwrap.info()}
-        return {"sandbox": {"isolation": self.isolation.value}}
+        info: dict[str, Any] = {"isolation": self.isolation.value}
+        if self.fell_back:
+            info["warning"] = "bubblewrap did not work here: guards mode is not a security boundary"
+        return {"sandbox": info}
 
     async def reward(self, episode: Episode) -> RewardValue:
         """1.0 when the answer is exactly the gold integer, else 0.0, with ``format`` and ``used_tool``.

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
-import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -41,13 +40,14 @@ from rlf_trainer.metrics import (
 )
 from rlf_trainer.policy.base import Policy, SamplingParams, inference_state_dict
 from rlf_trainer.rollout_batch import RolloutBatch
+from rlf_trainer.schedule import lr_scheduler
 from rlf_trainer.trajectory import EpisodeStats
 
 logger = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------------------------
-# Small pieces: model path, LR schedule, import strings
+# Small pieces: model path, import strings
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -66,34 +66,6 @@ def resolve_model_path(config: Config) -> str:
             "model.prepare=smollm2-135m builds <dir>/smollm2-135m: set model.path to such a folder"
         )
     return str(models.prepare_smollm2(Path(raw).parent if raw else None))
-
-
-class LRSchedule:
-    """Linear warmup, then constant / linear / cosine decay to ``min_ratio`` at ``total_steps``.
-
-    A callable object (not a lambda) so LambdaLR's state dict can save it.
-
-    Example:
-        >>> [round(LRSchedule("linear", warmup_steps=2, total_steps=6)(s), 2) for s in range(7)]
-        [0.0, 0.5, 1.0, 0.75, 0.5, 0.25, 0.0]
-    """
-
-    def __init__(self, kind: str, *, warmup_steps: int, total_steps: int, min_ratio: float = 0.0) -> None:
-        self.kind, self.warmup_steps, self.total_steps, self.min_ratio = (
-            kind,
-            warmup_steps,
-            total_steps,
-            min_ratio,
-        )
-
-    def __call__(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return step / max(1, self.warmup_steps)
-        if self.kind == "constant":
-            return 1.0
-        progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
-        decay = 1.0 - progress if self.kind == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
-        return self.min_ratio + (1.0 - self.min_ratio) * decay
 
 
 def import_object(spec: str) -> Any:
@@ -217,15 +189,7 @@ class GRPOTrainer:
         )
         self.model, self.optimizer = acc.prepare(model, optimizer)
         # Stepped by hand once per optimizer step (Accelerate's wrapper would step it once per process).
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            LRSchedule(
-                config.optim.schedule,
-                warmup_steps=config.optim.warmup_steps,
-                total_steps=config.max_steps,
-                min_ratio=config.optim.min_lr_ratio,
-            ),
-        )
+        self.scheduler = lr_scheduler(self.optimizer, config.optim, total_steps=config.max_steps)
         acc.register_for_checkpointing(self.scheduler)
         if self.ref_model is not None:
             # Not through accelerator.prepare: it would be saved in every checkpoint. A frozen full

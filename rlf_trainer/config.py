@@ -36,6 +36,7 @@ from rlf_trainer.config_sections import (
     DistributedConfig,
     EnvConfig,
     EvalConfig,
+    HealthConfig,
     LoggingConfig,
     LoraConfig,
     ModelConfig,
@@ -64,6 +65,7 @@ class Config(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
     seed: int = 0
     max_steps: int = Field(100, ge=0)
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
@@ -292,7 +294,7 @@ def _section(dotted: str) -> type[BaseModel] | None:
 
 
 def _field(dotted: str) -> FieldInfo | None:
-    parent, _, name = dotted.rpartition(".")
+    parent, _, name = re.sub(r"(\[\d+\])+$", "", dotted).rpartition(".")  # an item: its list's field
     model = _section(parent)
     return model.model_fields.get(name) if model is not None else None
 

@@ -229,3 +229,56 @@ class DistributedConfig(Section):
     ends the launch instead of hanging it)."""
 
     timeout_s: Number = Field(300.0, gt=0)
+
+
+HealthCheckName = Literal[
+    "over_budget",
+    "history_over_budget",
+    "no_learning_signal",
+    "entropy_collapse",
+    "entropy_blowup",
+    "length_collapse",
+    "length_runaway",
+    "turn_truncation",
+    "tool_call_errors",
+    "repeated_tool_calls",
+    "reward_vs_goal",
+    "reward_off_goal",
+    "sampler_mismatch",
+    "sim_errors",
+]
+
+
+class HealthConfig(Section):
+    """Training-health checks on each step's metrics (:mod:`rlf_trainer.health`; docs/trainer.md has the table).
+
+    A tripped check is logged as ``health/<name>`` = 1, printed once and appended to
+    ``<run dir>/health.jsonl``; the checks named in ``fail_on`` stop the run. ``patience``: steps a
+    condition must hold before a trend check trips; ``baseline_steps``: the first steps whose means
+    the relative checks (entropy blow-up, length collapse/runaway, tool-call errors) compare with.
+    ``goal_metric``: the metric that says whether the task is really solved (a metrics key such as
+    ``eval/accuracy``, ``accuracy`` or ``eval/reward_info/em``); None: ``eval/accuracy``, else
+    ``eval/reward``.
+    """
+
+    enabled: bool = True
+    fail_on: list[HealthCheckName] = Field(default_factory=list)
+    patience: int = Field(3, ge=1)
+    baseline_steps: int = Field(3, ge=1)
+    over_budget_share: Number = Field(0.1, ge=0, le=1)
+    history_over_budget_share: Number = Field(0.3, ge=0, le=1)
+    zero_variance_share: Number = Field(0.9, ge=0, le=1)
+    entropy_min: Number = Field(0.02, ge=0)
+    entropy_blowup_factor: Number = Field(2.0, gt=1)
+    length_collapse_ratio: Number = Field(0.2, gt=0, lt=1)
+    length_runaway_ratio: Number = Field(3.0, gt=1)
+    turn_truncation_share: Number = Field(0.3, ge=0, le=1)
+    tool_error_max: Number = Field(0.5, ge=0, le=1)
+    tool_error_rise: Number = Field(0.25, ge=0, le=1)
+    repeated_call_share: Number = Field(0.3, ge=0, le=1)
+    goal_metric: str | None = None
+    goal_window: int = Field(3, ge=2)
+    goal_reward_rise: Number = Field(0.1, gt=0)
+    off_goal_reward_share: Number = Field(0.8, ge=0, le=1)
+    sampler_kl_max: Number = Field(0.05, gt=0)
+    sim_error_share: Number = Field(0.2, ge=0, le=1)

@@ -30,7 +30,9 @@ from accelerate.utils import gather_object
 
 from rlf_trainer import checkpoint as ckpt
 from rlf_trainer import grpo
+from rlf_trainer.budget import check_run_budget
 from rlf_trainer.config import Config, ConfigError, dump_config
+from rlf_trainer.health import HealthLog, HealthMonitor
 from rlf_trainer.metrics import (
     MetricsHistory,
     append_jsonl,
@@ -203,6 +205,11 @@ class GRPOTrainer:
         self._last_eval_step: int | None = None
         self.envs = self._make_envs()
         try:  # the envs run tool-server processes: never leave them behind on a failed start
+            # before step 1 (and before a vLLM engine starts): a prompt over the budget is an error
+            self.budget = check_run_budget(config, self.envs, self.tokenizer, acc.unwrap_model(self.model).config)
+            self.health = HealthMonitor(config.health, max_total_tokens=config.rollout.max_total_tokens,
+                                        tool_schema_tokens=self.budget.tool_schema_tokens)  # fmt: skip
+            self.health_log = HealthLog(self.run_dir if acc.is_main_process else None, config.health.fail_on)
             self.sampler = ckpt.PromptSampler(self._num_train_tasks(), config.seed)
             self.policy: Policy = self._make_policy()
             self.parts = grpo.StepParts(
@@ -505,10 +512,14 @@ class GRPOTrainer:
         return out
 
     def _log(self, metrics: dict[str, float]) -> None:
+        health = self.health.update(self.step, metrics)
+        metrics = metrics | health.flags
         self.history.add(self.step, metrics)
         self.accelerator.log(metrics, step=self.step)
         if self.accelerator.is_main_process:
             self.history.write_jsonl(self.run_dir / "metrics.jsonl")
+            self.health_log.write(health)
+        self.health_log.raise_on_failure(health)  # every process: they stop together
 
     def _write_run_files(self) -> None:
         if not self.accelerator.is_main_process:

@@ -71,7 +71,7 @@ OPTIM_KEYS = (
     "schedule, warmup_steps, weight_decay"
 )
 TOP_KEYS = (
-    "algorithm, checkpoint, distributed, env, eval, gradient_checkpointing, logging, lora, max_steps, "
+    "algorithm, checkpoint, distributed, env, eval, gradient_checkpointing, health, logging, lora, max_steps, "
     "mixed_precision, model, optim, policy, rollout, seed"
 )
 

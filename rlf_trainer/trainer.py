@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
-import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -31,7 +30,9 @@ from accelerate.utils import gather_object
 
 from rlf_trainer import checkpoint as ckpt
 from rlf_trainer import grpo
+from rlf_trainer.budget import check_run_budget
 from rlf_trainer.config import Config, ConfigError, dump_config
+from rlf_trainer.health import HealthLog, HealthMonitor
 from rlf_trainer.metrics import (
     MetricsHistory,
     append_jsonl,
@@ -43,6 +44,7 @@ from rlf_trainer.metrics import (
 )
 from rlf_trainer.policy.base import Policy, SamplingParams, inference_state_dict
 from rlf_trainer.rollout_batch import RolloutBatch
+from rlf_trainer.schedule import lr_scheduler
 from rlf_trainer.sft import sft_step
 from rlf_trainer.sft_data import load_sft_examples
 from rlf_trainer.trajectory import EpisodeStats
@@ -51,7 +53,7 @@ logger = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------------------------
-# Small pieces: model path, LR schedule, import strings
+# Small pieces: model path, import strings
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -70,34 +72,6 @@ def resolve_model_path(config: Config) -> str:
             "model.prepare=smollm2-135m builds <dir>/smollm2-135m: set model.path to such a folder"
         )
     return str(models.prepare_smollm2(Path(raw).parent if raw else None))
-
-
-class LRSchedule:
-    """Linear warmup, then constant / linear / cosine decay to ``min_ratio`` at ``total_steps``.
-
-    A callable object (not a lambda) so LambdaLR's state dict can save it.
-
-    Example:
-        >>> [round(LRSchedule("linear", warmup_steps=2, total_steps=6)(s), 2) for s in range(7)]
-        [0.0, 0.5, 1.0, 0.75, 0.5, 0.25, 0.0]
-    """
-
-    def __init__(self, kind: str, *, warmup_steps: int, total_steps: int, min_ratio: float = 0.0) -> None:
-        self.kind, self.warmup_steps, self.total_steps, self.min_ratio = (
-            kind,
-            warmup_steps,
-            total_steps,
-            min_ratio,
-        )
-
-    def __call__(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return step / max(1, self.warmup_steps)
-        if self.kind == "constant":
-            return 1.0
-        progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
-        decay = 1.0 - progress if self.kind == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
-        return self.min_ratio + (1.0 - self.min_ratio) * decay
 
 
 def import_object(spec: str) -> Any:
@@ -226,15 +200,7 @@ class GRPOTrainer:
         )
         self.model, self.optimizer = acc.prepare(model, optimizer)
         # Stepped by hand once per optimizer step (Accelerate's wrapper would step it once per process).
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            LRSchedule(
-                config.optim.schedule,
-                warmup_steps=config.optim.warmup_steps,
-                total_steps=config.max_steps,
-                min_ratio=config.optim.min_lr_ratio,
-            ),
-        )
+        self.scheduler = lr_scheduler(self.optimizer, config.optim, total_steps=config.max_steps)
         acc.register_for_checkpointing(self.scheduler)
         if self.ref_model is not None:
             # Not through accelerator.prepare: it would be saved in every checkpoint. A frozen full
@@ -248,6 +214,11 @@ class GRPOTrainer:
         self._last_eval_step: int | None = None
         self.envs = self._make_envs()
         try:  # the envs run tool-server processes: never leave them behind on a failed start
+            # before step 1 (and before a vLLM engine starts): a prompt over the budget is an error
+            self.budget = check_run_budget(config, self.envs, self.tokenizer, acc.unwrap_model(self.model).config)
+            self.health = HealthMonitor(config.health, max_total_tokens=config.rollout.max_total_tokens,
+                                        tool_schema_tokens=self.budget.tool_schema_tokens)  # fmt: skip
+            self.health_log = HealthLog(self.run_dir if acc.is_main_process else None, config.health.fail_on)
             self.sampler = ckpt.PromptSampler(self._num_train_tasks(), config.seed)
             self.policy: Policy = self._make_policy()
             self.parts = grpo.StepParts(
@@ -576,10 +547,14 @@ class GRPOTrainer:
         return out
 
     def _log(self, metrics: dict[str, float]) -> None:
+        health = self.health.update(self.step, metrics)
+        metrics = metrics | health.flags
         self.history.add(self.step, metrics)
         self.accelerator.log(metrics, step=self.step)
         if self.accelerator.is_main_process:
             self.history.write_jsonl(self.run_dir / "metrics.jsonl")
+            self.health_log.write(health)
+        self.health_log.raise_on_failure(health)  # every process: they stop together
 
     def _write_run_files(self) -> None:
         if not self.accelerator.is_main_process:

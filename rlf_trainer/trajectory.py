@@ -13,6 +13,7 @@ when they call these.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ class EpisodeStats:
     tool_calls: int = 0
     tool_errors: int = 0
     error_kinds: list[str] = field(default_factory=list)
+    tool_call_keys: list[str] = field(default_factory=list)  # name + arguments of each call, to spot repeats
     answered: bool | None = None
     correct: bool | None = None
     prompt_length: int = 0
@@ -204,6 +206,9 @@ def start_rollout(
 def record_tool_use(stats: EpisodeStats, info: dict[str, Any]) -> None:
     calls = list(info.get(TOOL_CALLS) or [])
     stats.tool_calls += len(calls)
+    stats.tool_call_keys.extend(
+        json.dumps([c.get("name"), c.get("arguments")], sort_keys=True, default=str) for c in calls
+    )
     errors = [str(e) for e in (info.get(ERRORS) or [])]
     stats.tool_errors += len(errors)
     stats.error_kinds.extend(errors)

@@ -421,3 +421,61 @@ def _latency_env_prompts(tokenizer: Any) -> list[list[int]]:
     finally:
         env.close()
     return prompts
+
+
+ANSWER_WORDS = ("ping", "pong", "zorvia", "velmora")  # the answers of examples/configs/tiny_test.yaml
+
+
+def echo_prompts(tokenizer: Any) -> list[list[int]]:
+    """The first-turn prompt ids of RLF/ToolUse-v0 on tiny_test.yaml's echo questions, without tools."""
+    import gymnasium as gym
+
+    from rlf_trainer import chat
+
+    tasks = [{"id": f"t{i}", "question": f"Echo the word {w}.", "answer": w} for i, w in enumerate(ANSWER_WORDS)]
+    env = gym.make("RLF/ToolUse-v0", tasks=tasks, reward="exact_match")
+    try:
+        infos = [env.reset(options={"task_index": index})[1] for index in range(len(tasks))]
+    finally:
+        env.close()
+    return [chat.prompt_ids(tokenizer, info["messages"], info["tools"]) for info in infos]
+
+
+def answering_model_path(steps: int = 96) -> Path:
+    """The tiny Qwen3 taught to answer tiny_test.yaml's echo questions (asked without tools) with
+    ``<answer>W</answer>``, W any of :data:`ANSWER_WORDS` whatever the question: a policy that ends
+    its turns and varies within a group (about one answer in four is right), for a run that should
+    look healthy.
+
+    Fitted like :func:`tool_calling_model_path`, every prompt seeing every word in turn; built once
+    into the shared test-models folder and reused.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlf_trainer import chat
+
+    base = tiny_model_path()
+    out = base.parent / f"tiny-qwen3-answerer-{steps}"
+    if (out / "model.safetensors").is_file():
+        return out
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    prompts = echo_prompts(tokenizer)
+    replies = [chat.encode(tokenizer, f"<answer>{word}</answer><|im_end|>") for word in ANSWER_WORDS]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
+    model.train()
+    for step in range(steps):
+        prompt, target = prompts[step % len(prompts)], replies[(step + step // len(prompts)) % len(replies)]
+        ids = torch.tensor([prompt + target])
+        labels = torch.tensor([[-100] * len(prompt) + target])
+        model(input_ids=ids, labels=labels).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out

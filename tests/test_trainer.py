@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from rlf_trainer.checkpoint import PromptSampler, list_checkpoints, read_state
-from rlf_trainer.trainer import GRPOTrainer, LRSchedule, eval_due
+from rlf_trainer.trainer import GRPOTrainer, eval_due
 from tests.helpers import REPO, TINY_CONFIG, model_params, text_reward, tiny_config, train_py_command
 
 EXPECTED_TAGS = {
@@ -270,12 +270,6 @@ def test_prompt_sampler_covers_epochs_and_is_a_function_of_seed_and_step():
     unknown = PromptSampler(num_tasks=None, seed=3)
     assert unknown.indices(2, 4) == unknown.indices(2, 4) and len(set(unknown.indices(0, 50))) > 40
     assert sampler.state(2, 3) == {"seed": 3, "num_tasks": 7, "position": 6, "epoch": 0}
-
-
-def test_lr_schedule_shapes():
-    cosine = LRSchedule("cosine", warmup_steps=1, total_steps=5, min_ratio=0.1)
-    assert [round(cosine(s), 3) for s in range(6)] == [0.0, 1.0, 0.868, 0.55, 0.232, 0.1]
-    assert LRSchedule("constant", warmup_steps=0, total_steps=5)(3) == 1.0
 
 
 def test_eval_runs_every_n_steps_and_after_the_last():

@@ -390,13 +390,7 @@ def tool_calling_model_path(steps: int = 300) -> Path:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)  # atomic: a concurrent reader never sees half a model
-    return out
+    return save_model_atomically(model, tokenizer, out)
 
 
 def _latency_env_prompts(tokenizer: Any) -> list[list[int]]:
@@ -472,10 +466,15 @@ def answering_model_path(steps: int = 96) -> Path:
         model(input_ids=ids, labels=labels).loss.backward()
         optimizer.step()
         optimizer.zero_grad()
+    return save_model_atomically(model, tokenizer, out)
+
+
+def save_model_atomically(model: Any, tokenizer: Any, out: Path) -> Path:
+    """Save a fitted test model to ``out`` through a temporary folder and one rename."""
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     if out.exists():
         shutil.rmtree(out)
-    tmp.rename(out)
+    tmp.rename(out)  # atomic: a concurrent reader never sees half a model
     return out

@@ -75,8 +75,8 @@ def returns_to_go(rewards: Sequence[float], discount: float) -> list[float]:
 
 def _normalized(value: float, others: Sequence[float], normalize_std: bool, eps: float) -> float:
     """``value`` against the group ``others`` (it included): centred, and scaled by the unbiased std."""
-    if len(others) < 2:
-        return 0.0
+    if len(others) < 2 or max(others) == min(others):
+        return 0.0  # equal rewards: no signal (fmean's rounding would otherwise leak through a tiny std)
     centred = value - statistics.fmean(others)
     return centred / (statistics.stdev(others) + eps) if normalize_std else centred
 

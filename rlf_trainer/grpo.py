@@ -51,7 +51,8 @@ from rlf_trainer.metrics import rollout_metrics
 from rlf_trainer.rollout_batch import RolloutBatch
 
 _ENTROPY_CHUNK = 1024  # token rows per entropy chunk: bounds the [rows, vocab] softmax
-# Diagnostics that are constant by construction when pi_old is the model itself at its one update.
+# Diagnostics that are constant by construction when pi_old is the model itself at its one update
+# (the loss is then -mean(A) = 0 plus the KL penalty, if any).
 _RATIO_ONE_METRICS = ("clip_fraction", "ratio_mean", "approx_kl_old", "loss")
 
 
@@ -201,13 +202,19 @@ def micro_batch_loss(
     loss = aggregate(algo.loss, terms, kl, mask, norm)
     out = {k: float(v) for k, v in (loss_metrics | tis_metrics).items()}
     out["loss"] = float(aggregate(algo.loss, terms, kl, mask, Normaliser.of(mask, norm.max_len)).detach())
-    if cfg.policy.backend != "hf" or cfg.rollout.overlap:  # the HF sampler is this model: KL ~1e-9
+    if cfg.rollout.overlap or not samples_with_trained_model(parts):  # else the KL is ~1e-9
         out["sampler_kl"] = float(approx_kl(logp, sampler_logp, mask))
     out["entropy"] = masked_entropy(logits.detach(), mask)
     if _single_pass(parts):
         for constant in _RATIO_ONE_METRICS:
-            out.pop(constant, None)
+            if constant != "loss" or algo.beta == 0:  # with a KL penalty the loss still moves
+                out.pop(constant, None)
     return loss, out
+
+
+def samples_with_trained_model(parts: StepParts) -> bool:
+    """True when the policy generates with the very module being trained (the HF backend)."""
+    return getattr(parts.policy, "model", None) is parts.accelerator.unwrap_model(parts.model)
 
 
 def reference_logprobs(parts: StepParts, micro: RolloutBatch) -> torch.Tensor:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -30,10 +29,14 @@ from accelerate.utils import gather_object
 
 from rlf_trainer import build, grpo
 from rlf_trainer import checkpoint as ckpt
+from rlf_trainer.budget import check_run_budget
 from rlf_trainer.config import Config, ConfigError, dump_config
+from rlf_trainer.health import HealthLog, HealthMonitor
 from rlf_trainer.metrics import (
     MetricsHistory,
     append_jsonl,
+    eval_prompt_indices,
+    grouped_metrics,
     plot_learning_curve,
     rollout_metrics,
     sample_records,
@@ -41,43 +44,18 @@ from rlf_trainer.metrics import (
 from rlf_trainer.policy.base import Policy, SamplingParams, inference_state_dict
 from rlf_trainer.prompts import PromptSampler
 from rlf_trainer.rollout_batch import RolloutBatch
+from rlf_trainer.schedule import lr_scheduler
 from rlf_trainer.seeds import SeedKey
+from rlf_trainer.sft import sft_step
+from rlf_trainer.sft_data import load_sft_examples
 from rlf_trainer.trajectory import EpisodeStats
 
 logger = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------------------------
-# Small pieces: LR schedule, progress line, hparams
+# Small pieces: progress line, hparams
 # ---------------------------------------------------------------------------------------------------
-
-
-class LRSchedule:
-    """Linear warmup, then constant / linear / cosine decay to ``min_ratio`` at ``total_steps``.
-
-    A callable object (not a lambda) so LambdaLR's state dict can save it.
-
-    Example:
-        >>> [round(LRSchedule("linear", warmup_steps=2, total_steps=6)(s), 2) for s in range(7)]
-        [0.0, 0.5, 1.0, 0.75, 0.5, 0.25, 0.0]
-    """
-
-    def __init__(self, kind: str, *, warmup_steps: int, total_steps: int, min_ratio: float = 0.0) -> None:
-        self.kind, self.warmup_steps, self.total_steps, self.min_ratio = (
-            kind,
-            warmup_steps,
-            total_steps,
-            min_ratio,
-        )
-
-    def __call__(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return step / max(1, self.warmup_steps)
-        if self.kind == "constant":
-            return 1.0
-        progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
-        decay = 1.0 - progress if self.kind == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
-        return self.min_ratio + (1.0 - self.min_ratio) * decay
 
 
 def progress_line(step: int, max_steps: int, metrics: dict[str, float]) -> str:
@@ -86,8 +64,13 @@ def progress_line(step: int, max_steps: int, metrics: dict[str, float]) -> str:
     Example:
         >>> progress_line(3, 12, {"reward/mean": 0.5, "time/step": 41.96, "eval/reward": 1.0})
         'GRPO step 3/12  reward 0.500  eval 1.000  42.0 s/step  ~6.3 min to go'
+        >>> progress_line(1, 30, {"sft/loss": 1.25})
+        'SFT step 1/30  loss 1.250'
     """
-    parts = [f"GRPO step {step}/{max_steps}", f"reward {metrics.get('reward/mean', float('nan')):.3f}"]
+    if "sft/loss" in metrics:  # algorithm.name: sft
+        parts = [f"SFT step {step}/{max_steps}", f"loss {metrics['sft/loss']:.3f}"]
+    else:
+        parts = [f"GRPO step {step}/{max_steps}", f"reward {metrics.get('reward/mean', float('nan')):.3f}"]
     if "eval/reward" in metrics:
         parts.append(f"eval {metrics['eval/reward']:.3f}")
     if "time/step" in metrics:
@@ -176,15 +159,7 @@ class GRPOTrainer:
         )
         self.model, self.optimizer = acc.prepare(model, optimizer)
         # Stepped by hand once per optimizer step (Accelerate's wrapper would step it once per process).
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            LRSchedule(
-                config.optim.schedule,
-                warmup_steps=config.optim.warmup_steps,
-                total_steps=config.max_steps,
-                min_ratio=config.optim.min_lr_ratio,
-            ),
-        )
+        self.scheduler = lr_scheduler(self.optimizer, config.optim, total_steps=config.max_steps)
         acc.register_for_checkpointing(self.scheduler)
         if self.ref_model is not None:
             # Not through accelerator.prepare: it would be saved in every checkpoint. A frozen full
@@ -198,6 +173,11 @@ class GRPOTrainer:
         self._last_eval_step: int | None = None
         self.envs = build.make_envs(config, self.local_prompts * self.group_size)
         try:  # the envs run tool-server processes: never leave them behind on a failed start
+            # before step 1 (and before a vLLM engine starts): a prompt over the budget is an error
+            self.budget = check_run_budget(config, self.envs, self.tokenizer, acc.unwrap_model(self.model).config)
+            self.health = HealthMonitor(config.health, max_total_tokens=config.rollout.max_total_tokens,
+                                        tool_schema_tokens=self.budget.tool_schema_tokens)  # fmt: skip
+            self.health_log = HealthLog(self.run_dir if acc.is_main_process else None, config.health.fail_on)
             self.sampler = PromptSampler(build.num_train_tasks(config, self.envs), config.seed)
             self.policy: Policy = build.make_policy(config, acc, self.model, self.tokenizer, self.model_path)
             self.parts = grpo.StepParts(
@@ -213,6 +193,7 @@ class GRPOTrainer:
                 local_prompts=self.local_prompts,
             )
             self.prefetch = grpo.Prefetch() if config.rollout.overlap else None
+            self.sft_data, self.sft_sampler = self._load_sft_data()
             self._resume()
             acc.init_trackers("tensorboard", config=_flat_hparams(config.to_dict()))
         except BaseException:
@@ -221,12 +202,30 @@ class GRPOTrainer:
             self.envs.close()
             raise
 
+    def _load_sft_data(self) -> tuple[Any, PromptSampler | None]:
+        """``algorithm.name: sft``: the demonstrations as token ids and masks, and their epoch-wise stream."""
+        cfg = self.config
+        if cfg.algorithm.name != "sft":
+            return None, None
+        if cfg.sft.batch_size % self.accelerator.num_processes:
+            raise ConfigError(
+                f"sft.batch_size={cfg.sft.batch_size} must be a multiple of the {self.accelerator.num_processes} processes"
+            )
+        data = load_sft_examples(cfg.sft.data, self.tokenizer, max_total_tokens=cfg.rollout.max_total_tokens)
+        return data, PromptSampler(len(data.examples), cfg.seed)
+
+    def _data_state(self, step: int) -> dict[str, Any]:
+        """Where the run's data stream stands after ``step`` steps (the prompts, or the SFT examples)."""
+        if self.sft_sampler is not None:
+            return self.sft_sampler.state(step, self.config.sft.batch_size)
+        return self.sampler.state(step, self.config.rollout.prompts_per_step)
+
     def _resume(self) -> None:
         path = ckpt.resolve_resume(self.config.checkpoint.resume, self.config.checkpoint_dir)
         if path is None:
             return
         state = ckpt.read_state(path)
-        expected = self.sampler.state(state["step"], self.config.rollout.prompts_per_step)
+        expected = self._data_state(state["step"])
         if state.get("sampler") != expected:
             logger.warning(
                 "resuming from %s with a different prompt stream (%s != %s): steps will differ from the original run",
@@ -278,6 +277,10 @@ class GRPOTrainer:
             and not eval_due(next_step, cfg.eval.every, cfg.max_steps)
             and not (cfg.checkpoint.every and next_step % cfg.checkpoint.every == 0)
         )
+        if self.sft_data is not None:
+            metrics = sft_step(self.parts, self.sft_data, self.sft_sampler, self.step)
+            self.step = next_step
+            return self._mean_over_processes(metrics)
         batch, metrics = grpo.train_step(self.parts, self.step, self.prefetch, prefetch_next=prefetch_next)
         self.step = next_step
         self.last_batch = batch
@@ -300,7 +303,8 @@ class GRPOTrainer:
         """``eval.num_prompts`` test prompts, one sample each at ``eval.temperature``; logs samples JSONL."""
         cfg, acc = self.config, self.accelerator
         self._last_eval_step = self.step
-        mine = list(range(cfg.eval.num_prompts))[acc.process_index :: acc.num_processes]
+        prompts = eval_prompt_indices(self.envs.num_tasks(cfg.env.test_split), cfg.eval.num_prompts, cfg.eval.sample_seed)
+        mine = prompts[acc.process_index :: acc.num_processes]
         num_envs = self.local_prompts * self.group_size
         stats: list[EpisodeStats] = []
         transcripts: list[list[dict[str, Any]]] = []
@@ -313,8 +317,8 @@ class GRPOTrainer:
                 temperature=cfg.eval.temperature,
                 top_p=cfg.eval.top_p,
             )
-            # eval episode = the global index of its prompt (prompts are dealt round-robin to processes)
-            first, stride = mine[chunk_start], acc.num_processes
+            # eval episode = the prompt's position in the eval list (dealt round-robin to processes)
+            first, stride = acc.process_index + chunk_start * acc.num_processes, acc.num_processes
             seeds = SeedKey(cfg.seed, self.step, split="eval", first_episode=first, episode_stride=stride)
             batch = grpo.play(self.parts, padded, sampling, cfg.env.test_split, group_size=1, seeds=seeds)
             stats.extend(batch.stats[: len(chunk)])
@@ -322,6 +326,8 @@ class GRPOTrainer:
         self.policy.sleep()
         metrics = rollout_metrics(stats, prefix="eval/")
         metrics = {("eval/reward" if k == "eval/reward/mean" else k): v for k, v in metrics.items()}
+        if cfg.eval.group_by:
+            metrics |= grouped_metrics(stats, cfg.eval.group_by)
         metrics = self._mean_over_processes(metrics)
         if cfg.logging.samples_jsonl:
             records = sample_records(
@@ -345,7 +351,7 @@ class GRPOTrainer:
                 path,
                 {
                     "step": self.step,
-                    "sampler": self.sampler.state(self.step, cfg.rollout.prompts_per_step),
+                    "sampler": self._data_state(self.step),
                     "rng": {
                         "seed": cfg.seed,
                         "sampling_seeds": "rlf_trainer.seeds.sample_seed(seed, step=..., episode=..., turn=...)",
@@ -385,10 +391,14 @@ class GRPOTrainer:
         return out
 
     def _log(self, metrics: dict[str, float]) -> None:
+        health = self.health.update(self.step, metrics)
+        metrics = metrics | health.flags
         self.history.add(self.step, metrics)
         self.accelerator.log(metrics, step=self.step)
         if self.accelerator.is_main_process:
             self.history.write_jsonl(self.run_dir / "metrics.jsonl")
+            self.health_log.write(health)
+        self.health_log.raise_on_failure(health)  # every process: they stop together
 
     def _write_run_files(self) -> None:
         if not self.accelerator.is_main_process:
@@ -413,7 +423,8 @@ class GRPOTrainer:
             yield lambda metrics: None
             return
         if not sys.stdout.isatty():
-            print(f"GRPO: {self.config.max_steps - self.step} steps to go, a line after each", flush=True)
+            stage = "SFT" if self.config.algorithm.name == "sft" else "GRPO"
+            print(f"{stage}: {self.config.max_steps - self.step} steps to go, a line after each", flush=True)
             yield lambda metrics: print(progress_line(self.step, self.config.max_steps, metrics), flush=True)
             return
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn

@@ -8,9 +8,8 @@ episode; these sync policies are adapted by ``as_async_policy``, one request at 
 
 from __future__ import annotations
 
-import dataclasses
-
 import asyncio
+import dataclasses
 import re
 import threading
 from collections import defaultdict
@@ -115,7 +114,7 @@ class RecordingPolicy(HFPolicy):
         forced = [self.forced_question in t and t.count("<|im_start|>assistant") == 1 for t in texts]
         seeds = params.request_seeds(len(prompts))
         sampled_params = dataclasses.replace(
-            params, seeds=None if params.seeds is None else tuple(s for s, f in zip(seeds, forced) if not f)
+            params, seeds=None if params.seeds is None else tuple(s for s, f in zip(seeds, forced, strict=True) if not f)
         )
         sampled = iter(super().generate([p for p, f in zip(prompts, forced, strict=True) if not f], sampled_params))
         replayed = iter(self.replay.generate([p for p, f in zip(prompts, forced, strict=True) if f], params))

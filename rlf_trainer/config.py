@@ -227,6 +227,14 @@ class LoggingConfig:
 
 
 @dataclass
+class DistributedConfig:
+    """Several processes: ``timeout_s`` bounds a collective that a peer never joins (the process
+    group's timeout) and how long a silent peer is waited for; a failed rank ends every rank."""
+
+    timeout_s: float = 300.0
+
+
+@dataclass
 class Config:
     """The whole training run. See docs/trainer.md for every field."""
 
@@ -240,6 +248,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
     seed: int = 0
     max_steps: int = 100
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
@@ -281,6 +290,7 @@ class Config:
                 "eval.every >= 0 and eval.num_prompts >= 1",
             ),
             (self.checkpoint.every >= 0, "checkpoint.every must be >= 0"),
+            (self.distributed.timeout_s > 0, "distributed.timeout_s must be > 0"),
             (self.algorithm.max_refill_rounds >= 0, "algorithm.max_refill_rounds must be >= 0"),
             (0 <= self.algorithm.turn_discount <= 1, "algorithm.turn_discount must be in [0, 1]"),
             (self.algorithm.tis_cap is None or self.algorithm.tis_cap >= 0, "algorithm.tis_cap must be >= 0"),

@@ -29,6 +29,7 @@ import torch
 
 from rlf_trainer.advantages import spread_over_tokens, turn_advantages
 from rlf_trainer.collect import Collected, Prefetch, StepParts, collect, play, sampling_params
+from rlf_trainer.distributed import any_rank
 from rlf_trainer.losses import (
     approx_kl,
     policy_loss,
@@ -93,7 +94,8 @@ def fill_batch(
     if algo.dynamic_sampling:
         kept = [first.select(_rows(with_signal, size))] if with_signal else []
         have, rounds = len(with_signal), 0
-        while have < num_groups and rounds < algo.max_refill_rounds:
+        # Every rank plays as many rounds as the neediest one (a sharded model's forward is a collective).
+        while rounds < algo.max_refill_rounds and any_rank(parts.accelerator, have < num_groups):
             rounds += 1
             extra = collect(parts, step, refill_round=rounds).batch
             useful = _groups_with_signal(batch_advantages(parts, extra)[1], size)[: num_groups - have]
@@ -191,10 +193,17 @@ def update(
     cfg, acc = parts.config, parts.accelerator
     # The effective value: a DeepSpeed config or ACCELERATE_GRADIENT_ACCUMULATION_STEPS may override ours.
     steps = acc.gradient_accumulation_steps
-    kept_total = acc.reduce(torch.tensor(float(len(keep)), device=acc.device), reduction="sum")
-    if float(kept_total) == 0.0:  # no process has an episode with signal: nothing to learn this step
-        return {"skipped_update": 1.0, "lr": parts.scheduler.get_last_lr()[0]}
     kept_tokens = float(batch.loss_mask[keep, 1:].sum()) if keep else 0.0
+    local = torch.tensor([float(len(keep)), kept_tokens], dtype=torch.float64, device=acc.device)
+    kept_total, tokens_total = acc.reduce(local, reduction="sum").tolist()
+    if kept_total == 0.0:  # no process has an episode with signal: nothing to learn this step
+        return {"skipped_update": 1.0, "lr": parts.scheduler.get_last_lr()[0]}
+    # DDP averages the processes' gradients; this process's share of the whole batch rescales its
+    # weights (which sum to 1 locally) so the update equals one process training on every episode.
+    local_share = (
+        kept_tokens / max(tokens_total, 1.0) if cfg.algorithm.loss == "dapo" else len(keep) / kept_total
+    )
+    grad_scale = steps * acc.num_processes * local_share
     sums: dict[str, float] = defaultdict(float)
     grad_norm: float | None = None
     parts.model.train()
@@ -213,8 +222,8 @@ def update(
             weight = len(rows) / len(keep)
         with acc.accumulate(parts.model):
             loss, micro_metrics = micro_batch_loss(parts, micro, adv)
-            # accelerate / DeepSpeed divide by the accumulation steps; undo it: the weights sum to 1.
-            acc.backward(loss * (weight * steps))
+            # accelerate / DeepSpeed divide by the accumulation steps; grad_scale undoes it.
+            acc.backward(loss * (weight * grad_scale))
             if acc.sync_gradients and cfg.optim.max_grad_norm > 0:
                 norm = acc.clip_grad_norm_(parts.model.parameters(), cfg.optim.max_grad_norm)
                 grad_norm = float(norm) if norm is not None else None

@@ -30,7 +30,7 @@ import torch
 from accelerate.utils import gather_object
 
 from rlf_trainer import checkpoint as ckpt
-from rlf_trainer import grpo
+from rlf_trainer import distributed, grpo
 from rlf_trainer.config import Config, ConfigError, dump_config
 from rlf_trainer.metrics import (
     MetricsHistory,
@@ -177,12 +177,12 @@ class GRPOTrainer:
     """
 
     def __init__(self, config: Config) -> None:
-        from accelerate import Accelerator
         from accelerate.utils import set_seed
 
         self.config = config.validate()
         self.run_dir = config.run_dir
-        self.accelerator = Accelerator(
+        self.accelerator = distributed.make_accelerator(
+            config.distributed.timeout_s,
             gradient_accumulation_steps=config.optim.gradient_accumulation_steps,
             mixed_precision=config.mixed_precision,
             log_with="tensorboard" if config.logging.tensorboard else None,
@@ -396,6 +396,8 @@ class GRPOTrainer:
             if cfg.checkpoint.save_model:
                 self.save_model()
             self._write_run_files()
+        except BaseException as exc:  # tell the other ranks before close() tears the process group down
+            raise distributed.explain_failure(self.accelerator, exc)  # noqa: B904 (exc itself, or a RankFailure chained to it)
         finally:
             self.close()
         return self.history
@@ -600,5 +602,6 @@ class GRPOTrainer:
         if getattr(self, "prefetch", None) is not None:
             self.prefetch.close()
         self.policy.close()  # first: a vLLM engine needs the process group that end_training destroys
+        distributed.stop_rank_watch(self.accelerator)
         self.accelerator.end_training()
         self.envs.close()

@@ -96,6 +96,48 @@ def launch_problem(environ: Mapping[str, str] | None = None) -> str | None:
     return None
 
 
+def ignored_sharding(distributed_type: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """Why the launch's FSDP / DeepSpeed request was silently dropped, or None.
+
+    Accelerate (1.16) turns ``ACCELERATE_USE_FSDP`` into FSDP only on GPU-like devices and starts
+    DeepSpeed only off the CPU; on the CPU both runs would quietly be plain data parallel.
+
+    Example:
+        >>> ignored_sharding("MULTI_CPU", {"ACCELERATE_USE_FSDP": "true"}).split(":")[0]
+        'the launch asked for FSDP but Accelerate made a MULTI_CPU run'
+        >>> ignored_sharding("FSDP", {"ACCELERATE_USE_FSDP": "true"}) is None
+        True
+    """
+    env = os.environ if environ is None else environ
+    for variable, wanted in (("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DEEPSPEED")):
+        if env.get(variable, "").lower() == "true" and distributed_type != wanted:
+            return (
+                f"the launch asked for {wanted} but Accelerate made a {distributed_type} run: it enables "
+                f"{wanted} only on GPU-like devices (not on the CPU / gloo), so the model would not be "
+                "sharded. Use examples/configs/accelerate/multi_cpu.yaml on the CPU (DDP); see docs/trainer.md"
+            )
+    return None
+
+
+def resume_note(saved_processes: int | None, processes: int) -> str | None:
+    """What changes when a checkpoint written by ``saved_processes`` resumes on ``processes`` (None: nothing).
+
+    Example:
+        >>> resume_note(2, 2) is None
+        True
+        >>> resume_note(2, 1).split(":")[0]
+        'resuming a checkpoint written by 2 processes on 1 process'
+    """
+    if saved_processes is None or saved_processes == processes:
+        return None
+    return (
+        f"resuming a checkpoint written by {saved_processes} processes on {processes} "
+        f"process{'es' if processes > 1 else ''}: the model, optimizer and prompt stream continue "
+        "exactly, but the prompts are split over the processes differently and sampled with other "
+        f"seeds, so the next steps differ from a run that stayed on {saved_processes}"
+    )
+
+
 def _has_accelerator_device() -> bool:
     import torch
 
@@ -129,6 +171,9 @@ def make_accelerator(timeout_s: float, **accelerator_kwargs: Any) -> Any:
             f"{accelerator.num_processes}: every process would train alone and write the same files. "
             + HOW_TO_LAUNCH
         )
+    ignored = ignored_sharding(accelerator.distributed_type.value)
+    if ignored:
+        raise LaunchError(ignored)
     if accelerator.num_processes > 1:
         watch = RankWatch.from_process_group(timeout_s)
         watch.start()
@@ -281,7 +326,7 @@ class RankWatch:
         print(f"[rlf] {reason}", file=sys.stderr, flush=True)
         _thread.interrupt_main(signal.SIGTERM)  # the main thread raises at its next Python line
         # A main thread blocked inside a collective never gets there; give cleanup a moment, then go.
-        if not self._stopped.wait(min(10.0, self.timeout_s)):
+        if not self._stopped.wait(min(5.0, self.timeout_s)):
             print(f"[rlf] rank {self.rank}: exiting without cleanup", file=sys.stderr, flush=True)
             os._exit(1)
 
@@ -360,9 +405,11 @@ __all__ = [
     "RankFailure",
     "RankWatch",
     "explain_failure",
+    "ignored_sharding",
     "launch_problem",
     "launched_world_size",
     "make_accelerator",
     "rank_watch_of",
+    "resume_note",
     "stop_rank_watch",
 ]

@@ -368,6 +368,9 @@ class GRPOTrainer:
                 state.get("sampler"),
                 expected,
             )
+        note = distributed.resume_note(state.get("num_processes"), self.accelerator.num_processes)
+        if note and self.accelerator.is_main_process:
+            logger.warning("%s", note)
         self.accelerator.load_state(str(path))
         self.step = int(state["step"])
         self.history = MetricsHistory(state.get("history", []))
@@ -503,6 +506,7 @@ class GRPOTrainer:
                 path,
                 {
                     "step": self.step,
+                    "num_processes": acc.num_processes,
                     "sampler": self.sampler.state(self.step, cfg.rollout.prompts_per_step),
                     "rng": {
                         "seed": cfg.seed,

@@ -357,6 +357,10 @@ class RankWatch:
         """Report ``exc`` to the other ranks and return what this rank should raise (see :func:`explain_failure`)."""
         self._stopped.set()
         if self.stop_reason is not None:  # a peer failed first: the watcher or the launcher stopped us
+            if self.stop_reason.failed_rank is None:  # the launcher's SIGTERM came before any report
+                culprit = self._culprit(wait_s=min(6.0, self.timeout_s))
+                if culprit is not None:
+                    return RankFailure(f"{self.stop_reason}; {culprit}", culprit.failed_rank)
             return self.stop_reason
         if isinstance(exc, _StopRequested | KeyboardInterrupt):
             return RankFailure(f"rank {self.rank} was interrupted", None)

@@ -25,7 +25,9 @@ import rlf_envs  # noqa: F401  (registers RLF/ToolUse-v0)
 class FaultyVectorEnv(gym.vector.VectorWrapper):
     """Forwards to the wrapped vector env; the ``fail_at_step``-th ``step`` on ``fail_rank`` fails."""
 
-    def __init__(self, env: Any, *, fail_rank: int, fail_at_step: int, fail_mode: str, fault_file: str) -> None:
+    def __init__(
+        self, env: Any, *, fail_rank: int, fail_at_step: int, fail_mode: str, fault_file: str
+    ) -> None:
         super().__init__(env)
         self.fail_here = int(os.environ.get("RANK", "0")) == fail_rank
         self.fail_at_step, self.fail_mode, self.fault_file = fail_at_step, fail_mode, Path(fault_file)

@@ -34,7 +34,12 @@ def main(out_dir: str, model_dir: str, run_dir: str, *overrides: str) -> None:
     def recording_reset(*args: Any, **kwargs: Any) -> Any:
         options = kwargs.get("options") or {}
         plays.append(
-            {"step": trainer.step, "split": options.get("split"), "tasks": list(options["task_indices"]), "seed": None}
+            {
+                "step": trainer.step,
+                "split": options.get("split"),
+                "tasks": list(options["task_indices"]),
+                "seed": None,
+            }
         )
         return reset(*args, **kwargs)
 
@@ -43,8 +48,27 @@ def main(out_dir: str, model_dir: str, run_dir: str, *overrides: str) -> None:
             plays[-1]["seed"] = params.seed
         return generate(prompts, params)
 
+    local_steps: list[list[dict[str, Any]]] = []  # this rank's own episodes of each step (not averaged)
+    train_step = trainer.train_step
+
+    def recording_train_step() -> dict[str, float]:
+        metrics = train_step()
+        local_steps.append(
+            [
+                {
+                    "task_id": s.task_id,
+                    "tool_calls": s.tool_calls,
+                    "tool_errors": s.tool_errors,
+                    "errors": s.error_kinds,
+                }
+                for s in trainer.last_batch.stats
+            ]
+        )
+        return metrics
+
     trainer.envs.reset = recording_reset
     trainer.policy.generate = recording_generate
+    trainer.train_step = recording_train_step
     trainer.train()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -52,11 +76,15 @@ def main(out_dir: str, model_dir: str, run_dir: str, *overrides: str) -> None:
         "rank": acc.process_index,
         "world": acc.num_processes,
         "plays": plays,
+        "local_steps": local_steps,
         "history": trainer.history.records,
     }
     (out / f"rank_{acc.process_index}.json").write_text(json.dumps(record))
     model = acc.unwrap_model(trainer.model)
-    torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, out / f"params_rank_{acc.process_index}.pt")
+    torch.save(
+        {k: v.detach().clone() for k, v in model.state_dict().items()},
+        out / f"params_rank_{acc.process_index}.pt",
+    )
 
 
 if __name__ == "__main__":

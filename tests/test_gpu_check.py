@@ -39,6 +39,12 @@ def check_common(report: dict) -> None:
     assert rollout["lockstep"]["episodes_per_s"] > 0 and rollout["async"]["episodes_per_s"] > 0
     assert rollout["async_speedup"] > 0
     assert "cuda" in report["memory"]
+    launch = report["launch"]  # accelerate launch --num_processes 1 examples/train.py, 2 steps
+    assert (
+        launch["returncode"] == 0
+        and [s["step"] for s in launch["steps"]] == [1, 2]
+        and launch["exported_model"]
+    )
 
 
 @pytest.mark.skipif(HAS_VLLM, reason="the vLLM venv runs the vLLM variant below")

@@ -421,6 +421,9 @@ class GRPOTrainer:
         self.step = next_step
         self.last_batch = batch
         metrics = self._mean_over_processes(metrics)
+        # std and fractions over every process's episodes, not a mean of the processes' values
+        if self.accelerator.num_processes > 1:
+            metrics |= rollout_metrics(gather_object(list(batch.stats)))
         if cfg.logging.samples_jsonl and cfg.logging.samples_per_step and self.accelerator.is_main_process:
             append_jsonl(
                 self.run_dir / "train_samples.jsonl",

@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 def main(out_dir: str, model_dir: str, run_dir: str, batch_file: str, *overrides: str) -> None:
     import torch
+    from accelerate.utils import gather_object
 
     from rlf_trainer import grpo
     from rlf_trainer.metrics import rollout_metrics
@@ -43,8 +44,8 @@ def main(out_dir: str, model_dir: str, run_dir: str, batch_file: str, *overrides
     for _ in range(2):
         advantages, _ = grpo.batch_advantages(parts, local)
         metrics = grpo.update(parts, local, advantages, list(range(len(local))))
-        metrics |= rollout_metrics(local.stats)
-        history.append(trainer._mean_over_processes({k: v for k, v in metrics.items() if k != "grad_norm"}))
+        metrics = trainer._mean_over_processes({k: v for k, v in metrics.items() if k != "grad_norm"})
+        history.append(metrics | rollout_metrics(gather_object(list(local.stats))))  # as train_step logs them
     state = acc.get_state_dict(trainer.model)
     if acc.is_main_process:
         out = Path(out_dir)

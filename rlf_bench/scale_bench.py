@@ -1,9 +1,8 @@
 """``rlf-bench train --num-processes N``: our trainer on 1 process and on N processes, same global batch.
 
-The N-process run is a real launch (``torchrun --standalone``; on a machine without a GPU the
-workers join a gloo process group), each process playing ``prompts / N`` of a step's prompts;
-the batch shape (:class:`~rlf_bench.train_bench.TrainBenchShape`), model, env and seed are the
-ones ``rlf-bench train`` uses. Reported per process count: the step times (the first step is a
+Each run is a real launch (``torchrun --standalone`` of ``rlf-bench train --only rlf``; on a
+machine without a GPU the workers join a gloo process group), each process playing ``prompts / N``
+of a step's prompts; the batch shape, model, env and seed are the ones ``rlf-bench train`` uses. Reported per process count: the step times (the first step is a
 warm-up and untimed), samples/s and generated tokens/s (every process's tokens, over the wall
 clock of rank 0). Each worker runs one torch thread, so 2 processes use 2 cores where 1 uses 1.
 
@@ -18,54 +17,30 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from rlf_bench.train_bench import TrainBenchShape, run_rlf
-
-_REPORT_PREFIX = "RLF_SCALE_BENCH "
-
-
-def _worker(shape_json: str, model_dir: str, workdir: str) -> int:
-    """One process of a launch: :func:`run_rlf` there; rank 0 prints its figures on one line."""
-    import torch
-
-    torch.set_num_threads(1)
-    shape = TrainBenchShape(**json.loads(shape_json))
-    result = run_rlf(model_dir, shape, Path(workdir))
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(_REPORT_PREFIX + json.dumps(result), flush=True)
-    return 0
-
 
 def run_launch(
-    processes: int, shape: TrainBenchShape, model_dir: str | os.PathLike[str], workdir: Path
+    processes: int, shape: dict[str, int], model_dir: str | os.PathLike[str], workdir: Path
 ) -> dict[str, Any]:
-    """``shape`` on ``processes`` processes (a torchrun launch even for 1: the same start-up path)."""
-    if shape.prompts % processes:
-        raise ValueError(f"--prompts {shape.prompts} must be a multiple of --num-processes {processes}")
-    run_dir = workdir / f"processes_{processes}"
+    """``rlf-bench train --only rlf`` on ``processes`` processes (a torchrun launch even for 1: the same start-up)."""
+    if shape["prompts"] % processes:
+        raise ValueError(f"--prompts {shape['prompts']} must be a multiple of --num-processes {processes}")
+    flags = [f"--{key.replace('_', '-')}={value}" for key, value in shape.items()]
     args = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={processes}",
-        "-m",
-        "rlf_bench.scale_bench",
-        json.dumps(asdict(shape)),
-        str(model_dir),
-        str(run_dir),
-    ]
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
+        "--local-ranks-filter=0", "-m", "rlf_bench.train_bench", "--only=rlf", "--json", "--threads=1",
+        f"--model={model_dir}", f"--workdir={workdir / f'processes_{processes}'}", *flags,
+    ]  # fmt: skip
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     done = subprocess.run(args, capture_output=True, text=True, env=env, check=False)
-    lines = [line for line in done.stdout.splitlines() if line.startswith(_REPORT_PREFIX)]
+    lines = [line for line in done.stdout.splitlines() if "{\"shape\"" in line]  # the JSON report line
     if done.returncode != 0 or not lines:
         raise RuntimeError(
             f"the {processes}-process launch failed ({done.returncode}):\n{done.stderr[-3000:]}"
         )
-    result: dict[str, Any] = json.loads(lines[-1][len(_REPORT_PREFIX) :])
+    result: dict[str, Any] = json.loads(lines[-1][lines[-1].index("{\"shape\"") :])["rlf"]
     timed = result["step_s"][1:] if len(result["step_s"]) > 1 else result["step_s"]
     tokens = (
         result["tokens_per_step"][1:] if len(result["tokens_per_step"]) > 1 else result["tokens_per_step"]
@@ -76,7 +51,7 @@ def run_launch(
 
 
 def run_scale_bench(
-    shape: TrainBenchShape,
+    shape: dict[str, int],
     processes: int,
     model_dir: str | os.PathLike[str] | None = None,
     workdir: str | os.PathLike[str] | None = None,
@@ -87,7 +62,7 @@ def run_scale_bench(
         from rlf_trainer.models import build_tiny_qwen3
 
         model_dir = build_tiny_qwen3(root / "tiny-qwen3")
-    report: dict[str, Any] = {"shape": asdict(shape), "model": str(model_dir), "runs": {}}
+    report: dict[str, Any] = {"shape": dict(shape), "model": str(model_dir), "runs": {}}
     for count in sorted({1, processes}):
         report["runs"][str(count)] = run_launch(count, shape, model_dir, root)
     one, many = report["runs"]["1"], report["runs"][str(processes)]
@@ -113,7 +88,3 @@ def format_scale_report(report: dict[str, Any]) -> str:
         f"  speed-up: {report['speedup_step_time']:.2f}x step time, {report['speedup_tokens_per_s']:.2f}x tokens/s"
     )
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    sys.exit(_worker(*sys.argv[1:]))

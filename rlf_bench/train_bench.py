@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.num_processes > 1:
         from rlf_bench.scale_bench import format_scale_report, run_scale_bench
 
-        scale = run_scale_bench(shape, args.num_processes, args.model, args.workdir)
+        scale = run_scale_bench(asdict(shape), args.num_processes, args.model, args.workdir)
         print(format_scale_report(scale) + (f"\n{json.dumps(scale)}" if args.json else ""), flush=True)
         return 0
     frameworks = (args.only,) if args.only else ("rlf", "trl")

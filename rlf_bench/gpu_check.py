@@ -229,7 +229,7 @@ def check_rollout(shape: GPUCheckShape, model: Path) -> dict[str, Any]:
             t0 = time.perf_counter()
             batch = rollout(envs, policy, prompts, group_size=1, sampling=sampling, max_total_tokens=8192)
             wall = time.perf_counter() - t0
-            rows[mode] = {"wall_s": wall, "episodes_per_s": len(batch) / wall,
+            rows[mode] = {"episodes": len(batch), "wall_s": wall, "episodes_per_s": len(batch) / wall,
                           "tokens_per_s": int(batch.loss_mask.sum()) / wall}  # fmt: skip
     finally:
         envs.close()

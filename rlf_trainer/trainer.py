@@ -16,9 +16,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
-import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -29,87 +27,35 @@ import numpy as np
 import torch
 from accelerate.utils import gather_object
 
+from rlf_trainer import build, distributed, grpo
 from rlf_trainer import checkpoint as ckpt
-from rlf_trainer import distributed, grpo
+from rlf_trainer.budget import check_run_budget
 from rlf_trainer.config import Config, ConfigError, dump_config
+from rlf_trainer.health import HealthLog, HealthMonitor
 from rlf_trainer.metrics import (
     MetricsHistory,
     append_jsonl,
+    eval_prompt_indices,
+    grouped_metrics,
     plot_learning_curve,
     rollout_metrics,
     sample_records,
 )
 from rlf_trainer.policy.base import Policy, SamplingParams, inference_state_dict
+from rlf_trainer.prompts import PromptSampler
 from rlf_trainer.rollout_batch import RolloutBatch
+from rlf_trainer.schedule import lr_scheduler
+from rlf_trainer.seeds import SeedKey
+from rlf_trainer.sft import sft_step
+from rlf_trainer.sft_data import load_sft_examples
 from rlf_trainer.trajectory import EpisodeStats
 
 logger = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------------------------
-# Small pieces: model path, LR schedule, import strings
+# Small pieces: progress line, hparams
 # ---------------------------------------------------------------------------------------------------
-
-
-def resolve_model_path(config: Config) -> str:
-    """``model.path``, building the offline model first when ``model.prepare`` asks for one."""
-    raw = os.path.expandvars(os.path.expanduser(config.model.path)) if config.model.path else ""
-    prepare = config.model.prepare
-    if prepare is None:
-        return raw
-    from rlf_trainer import models
-
-    if prepare == "tiny-qwen3":
-        return str(models.build_tiny_qwen3(raw or models.default_cache_dir() / "tiny-qwen3"))
-    if raw and Path(raw).name != "smollm2-135m":
-        raise ConfigError(
-            "model.prepare=smollm2-135m builds <dir>/smollm2-135m: set model.path to such a folder"
-        )
-    return str(models.prepare_smollm2(Path(raw).parent if raw else None))
-
-
-class LRSchedule:
-    """Linear warmup, then constant / linear / cosine decay to ``min_ratio`` at ``total_steps``.
-
-    A callable object (not a lambda) so LambdaLR's state dict can save it.
-
-    Example:
-        >>> [round(LRSchedule("linear", warmup_steps=2, total_steps=6)(s), 2) for s in range(7)]
-        [0.0, 0.5, 1.0, 0.75, 0.5, 0.25, 0.0]
-    """
-
-    def __init__(self, kind: str, *, warmup_steps: int, total_steps: int, min_ratio: float = 0.0) -> None:
-        self.kind, self.warmup_steps, self.total_steps, self.min_ratio = (
-            kind,
-            warmup_steps,
-            total_steps,
-            min_ratio,
-        )
-
-    def __call__(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return step / max(1, self.warmup_steps)
-        if self.kind == "constant":
-            return 1.0
-        progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
-        decay = 1.0 - progress if self.kind == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
-        return self.min_ratio + (1.0 - self.min_ratio) * decay
-
-
-def import_object(spec: str) -> Any:
-    """``"package.module:attr"`` -> the object (``"package.module.attr"`` works too)."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep:
-        module_name, _, attr = spec.rpartition(".")
-    if not module_name or not attr:
-        raise ConfigError(f"import string {spec!r} is not of the form 'package.module:attr'")
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"cannot import {spec!r}: {exc}") from exc
-    return obj
 
 
 def progress_line(step: int, max_steps: int, metrics: dict[str, float]) -> str:
@@ -118,25 +64,19 @@ def progress_line(step: int, max_steps: int, metrics: dict[str, float]) -> str:
     Example:
         >>> progress_line(3, 12, {"reward/mean": 0.5, "time/step": 41.96, "eval/reward": 1.0})
         'GRPO step 3/12  reward 0.500  eval 1.000  42.0 s/step  ~6.3 min to go'
+        >>> progress_line(1, 30, {"sft/loss": 1.25})
+        'SFT step 1/30  loss 1.250'
     """
-    parts = [f"GRPO step {step}/{max_steps}", f"reward {metrics.get('reward/mean', float('nan')):.3f}"]
+    if "sft/loss" in metrics:  # algorithm.name: sft
+        parts = [f"SFT step {step}/{max_steps}", f"loss {metrics['sft/loss']:.3f}"]
+    else:
+        parts = [f"GRPO step {step}/{max_steps}", f"reward {metrics.get('reward/mean', float('nan')):.3f}"]
     if "eval/reward" in metrics:
         parts.append(f"eval {metrics['eval/reward']:.3f}")
     if "time/step" in metrics:
         left_s = metrics["time/step"] * (max_steps - step)
         parts.append(f"{metrics['time/step']:.1f} s/step  ~{left_s / 60:.1f} min to go")
     return "  ".join(parts)
-
-
-def env_kwargs(config: Config) -> dict[str, Any]:
-    """The kwargs for ``gym.make_vec``: ``env.kwargs`` + resolved ``env.import_kwargs`` + rollout limits."""
-    kwargs = dict(config.env.kwargs)
-    for key, spec in config.env.import_kwargs.items():
-        kwargs[key] = [import_object(s) for s in spec] if isinstance(spec, list) else import_object(spec)
-    if config.rollout.max_turns is not None:
-        kwargs["max_turns"] = config.rollout.max_turns
-    kwargs["autoreset_mode"] = "Disabled"  # a finished episode must stay finished until the batch ends
-    return kwargs
 
 
 def _flat_hparams(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -202,11 +142,13 @@ class GRPOTrainer:
             dump_config(config, self.run_dir / "config.yaml")
 
         with acc.main_process_first():
-            self.model_path = resolve_model_path(config)
-        self.tokenizer = self._load_tokenizer()
-        model = self._load_model()
+            self.model_path = build.resolve_model_path(config)
+        self.tokenizer = build.load_tokenizer(config, self.model_path)
+        model = build.load_model(config, self.model_path)
         self.ref_model = (
-            self._load_reference() if config.algorithm.beta > 0 and not config.lora.enabled else None
+            build.load_reference(config, self.model_path)
+            if config.algorithm.beta > 0 and not config.lora.enabled
+            else None
         )
         optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
@@ -217,15 +159,7 @@ class GRPOTrainer:
         )
         self.model, self.optimizer = acc.prepare(model, optimizer)
         # Stepped by hand once per optimizer step (Accelerate's wrapper would step it once per process).
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            LRSchedule(
-                config.optim.schedule,
-                warmup_steps=config.optim.warmup_steps,
-                total_steps=config.max_steps,
-                min_ratio=config.optim.min_lr_ratio,
-            ),
-        )
+        self.scheduler = lr_scheduler(self.optimizer, config.optim, total_steps=config.max_steps)
         acc.register_for_checkpointing(self.scheduler)
         if self.ref_model is not None:
             # Not through accelerator.prepare: it would be saved in every checkpoint. A frozen full
@@ -237,10 +171,15 @@ class GRPOTrainer:
         self.last_batch: RolloutBatch | None = None
         self._last_saved_step: int | None = None
         self._last_eval_step: int | None = None
-        self.envs = self._make_envs()
+        self.envs = build.make_envs(config, self.local_prompts * self.group_size)
         try:  # the envs run tool-server processes: never leave them behind on a failed start
-            self.sampler = ckpt.PromptSampler(self._num_train_tasks(), config.seed)
-            self.policy: Policy = self._make_policy()
+            # before step 1 (and before a vLLM engine starts): a prompt over the budget is an error
+            self.budget = check_run_budget(config, self.envs, self.tokenizer, acc.unwrap_model(self.model).config)
+            self.health = HealthMonitor(config.health, max_total_tokens=config.rollout.max_total_tokens,
+                                        tool_schema_tokens=self.budget.tool_schema_tokens)  # fmt: skip
+            self.health_log = HealthLog(self.run_dir if acc.is_main_process else None, config.health.fail_on)
+            self.sampler = PromptSampler(build.num_train_tasks(config, self.envs), config.seed)
+            self.policy: Policy = build.make_policy(config, acc, self.model, self.tokenizer, self.model_path)
             self.parts = grpo.StepParts(
                 config=config,
                 accelerator=acc,
@@ -252,9 +191,9 @@ class GRPOTrainer:
                 envs=self.envs,
                 sampler=self.sampler,
                 local_prompts=self.local_prompts,
-                sync_weights=self._sync_policy_weights,
             )
             self.prefetch = grpo.Prefetch() if config.rollout.overlap else None
+            self.sft_data, self.sft_sampler = self._load_sft_data()
             self._resume()
             acc.init_trackers("tensorboard", config=_flat_hparams(config.to_dict()))
         except BaseException:
@@ -263,104 +202,30 @@ class GRPOTrainer:
             self.envs.close()
             raise
 
-    # ------------------------------------------------------------------------------ construction
-    def _load_tokenizer(self) -> Any:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(
-            self.model_path, trust_remote_code=self.config.model.trust_remote_code
-        )
-        if tokenizer.pad_token_id is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        return tokenizer
-
-    def _from_pretrained(self) -> Any:
-        from transformers import AutoModelForCausalLM
-
-        dtype = self.config.model.dtype
-        return AutoModelForCausalLM.from_pretrained(
-            self.model_path,
-            dtype=dtype if dtype == "auto" else getattr(torch, dtype),
-            trust_remote_code=self.config.model.trust_remote_code,
-        )
-
-    def _load_model(self) -> Any:
+    def _load_sft_data(self) -> tuple[Any, PromptSampler | None]:
+        """``algorithm.name: sft``: the demonstrations as token ids and masks, and their epoch-wise stream."""
         cfg = self.config
-        model = self._from_pretrained()
-        if cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            model.config.use_cache = False
-        if cfg.lora.enabled:
-            from peft import LoraConfig as PeftLoraConfig
-            from peft import get_peft_model
-
-            if cfg.gradient_checkpointing:
-                model.enable_input_require_grads()
-            model = get_peft_model(
-                model,
-                PeftLoraConfig(
-                    r=cfg.lora.r,
-                    lora_alpha=cfg.lora.alpha,
-                    lora_dropout=cfg.lora.dropout,
-                    target_modules=cfg.lora.target_modules,
-                    task_type="CAUSAL_LM",
-                ),
+        if cfg.algorithm.name != "sft":
+            return None, None
+        if cfg.sft.batch_size % self.accelerator.num_processes:
+            raise ConfigError(
+                f"sft.batch_size={cfg.sft.batch_size} must be a multiple of the {self.accelerator.num_processes} processes"
             )
-        model.train()
-        return model
+        data = load_sft_examples(cfg.sft.data, self.tokenizer, max_total_tokens=cfg.rollout.max_total_tokens)
+        return data, PromptSampler(len(data.examples), cfg.seed)
 
-    def _load_reference(self) -> Any:
-        ref = self._from_pretrained()
-        if self.config.mixed_precision == "bf16":
-            ref = ref.to(torch.bfloat16)
-        ref.requires_grad_(False)
-        ref.eval()
-        return ref
-
-    def _make_envs(self) -> Any:
-        import gymnasium as gym
-
-        with contextlib.suppress(ImportError):
-            import rlf_envs  # noqa: F401  (registers the RLF/* ids; other registered envs work too)
-        num_envs = self.local_prompts * self.group_size
-        return gym.make_vec(self.config.env.id, num_envs=num_envs, **env_kwargs(self.config))
-
-    def _num_train_tasks(self) -> int | None:
-        if self.config.env.num_train_tasks is not None:
-            return self.config.env.num_train_tasks
-        # Optional extension of the env contract: a vector env may report its split sizes.
-        reporter = getattr(self.envs.unwrapped, "num_tasks", None)
-        if callable(reporter):
-            with contextlib.suppress(Exception):
-                return int(reporter(self.config.env.train_split))
-        return None
-
-    def _make_policy(self) -> Policy:
-        cfg = self.config
-        if cfg.policy.backend == "hf":
-            from rlf_trainer.policy.hf import HFPolicy
-
-            return HFPolicy(self.accelerator.unwrap_model(self.model), self.tokenizer)
-        from rlf_trainer.policy.vllm import VLLMPolicy
-
-        v = cfg.policy.vllm
-        return VLLMPolicy(
-            self.model_path,
-            tensor_parallel_size=v.tensor_parallel_size,
-            gpu_memory_utilization=v.gpu_memory_utilization,
-            enable_sleep_mode=v.enable_sleep_mode,
-            dtype=v.dtype,
-            max_model_len=v.max_model_len,
-            seed=cfg.seed + self.accelerator.process_index,
-            tokenizer=self.tokenizer,
-        )
+    def _data_state(self, step: int) -> dict[str, Any]:
+        """Where the run's data stream stands after ``step`` steps (the prompts, or the SFT examples)."""
+        if self.sft_sampler is not None:
+            return self.sft_sampler.state(step, self.config.sft.batch_size)
+        return self.sampler.state(step, self.config.rollout.prompts_per_step)
 
     def _resume(self) -> None:
         path = ckpt.resolve_resume(self.config.checkpoint.resume, self.config.checkpoint_dir)
         if path is None:
             return
         state = ckpt.read_state(path)
-        expected = self.sampler.state(state["step"], self.config.rollout.prompts_per_step)
+        expected = self._data_state(state["step"])
         if state.get("sampler") != expected:
             logger.warning(
                 "resuming from %s with a different prompt stream (%s != %s): steps will differ from the original run",
@@ -374,9 +239,10 @@ class GRPOTrainer:
         self.accelerator.load_state(str(path))
         self.step = int(state["step"])
         self.history = MetricsHistory(state.get("history", []))
+        self.health.replay(self.history.records)
         self._last_saved_step = self.step
         self._last_eval_step = state.get("last_eval_step")
-        self._sync_policy_weights()
+        grpo.sync_weights(self.parts)
         if self.accelerator.is_main_process:
             logger.warning("resumed from %s at step %d", path, self.step)
 
@@ -417,6 +283,10 @@ class GRPOTrainer:
             and not eval_due(next_step, cfg.eval.every, cfg.max_steps)
             and not (cfg.checkpoint.every and next_step % cfg.checkpoint.every == 0)
         )
+        if self.sft_data is not None:
+            metrics = sft_step(self.parts, self.sft_data, self.sft_sampler, self.step)
+            self.step = next_step
+            return self._mean_over_processes(metrics)
         batch, metrics = grpo.train_step(self.parts, self.step, self.prefetch, prefetch_next=prefetch_next)
         self.step = next_step
         self.last_batch = batch
@@ -437,36 +307,13 @@ class GRPOTrainer:
             )
         return metrics
 
-    def _sync_policy_weights(self) -> None:
-        """Give a non-shared policy (vLLM) the current weights; sharded models are gathered first."""
-        if self.config.policy.backend != "vllm":
-            return
-        with self._full_parameters():
-            self.policy.update_weights(self.accelerator.unwrap_model(self.model))
-
-    @contextlib.contextmanager
-    def _full_parameters(self) -> Iterator[None]:
-        acc = self.accelerator
-        kind = acc.distributed_type.value
-        if kind == "DEEPSPEED" and acc.state.deepspeed_plugin.zero_stage == 3:
-            import deepspeed
-
-            with deepspeed.zero.GatheredParameters(list(self.model.parameters())):
-                yield
-        elif kind == "FSDP":
-            from torch.distributed.fsdp import FullyShardedDataParallel
-
-            with FullyShardedDataParallel.summon_full_params(self.model, writeback=False):
-                yield
-        else:
-            yield
-
     # ------------------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict[str, float]:
         """``eval.num_prompts`` test prompts, one sample each at ``eval.temperature``; logs samples JSONL."""
         cfg, acc = self.config, self.accelerator
         self._last_eval_step = self.step
-        mine = list(range(cfg.eval.num_prompts))[acc.process_index :: acc.num_processes]
+        prompts = eval_prompt_indices(self.envs.num_tasks(cfg.env.test_split), cfg.eval.num_prompts, cfg.eval.sample_seed)
+        mine = prompts[acc.process_index :: acc.num_processes]
         num_envs = self.local_prompts * self.group_size
         stats: list[EpisodeStats] = []
         transcripts: list[list[dict[str, Any]]] = []
@@ -478,14 +325,18 @@ class GRPOTrainer:
                 max_new_tokens=cfg.rollout.max_new_tokens,
                 temperature=cfg.eval.temperature,
                 top_p=cfg.eval.top_p,
-                seed=ckpt.step_seed(cfg.seed, self.step, acc.process_index, 1 << 20, chunk_start),
             )
-            batch = grpo.play(self.parts, padded, sampling, cfg.env.test_split, group_size=1)
+            # eval episode = the prompt's position in the eval list (dealt round-robin to processes)
+            first, stride = acc.process_index + chunk_start * acc.num_processes, acc.num_processes
+            seeds = SeedKey(cfg.seed, self.step, split="eval", first_episode=first, episode_stride=stride)
+            batch = grpo.play(self.parts, padded, sampling, cfg.env.test_split, group_size=1, seeds=seeds)
             stats.extend(batch.stats[: len(chunk)])
             transcripts.extend(batch.transcripts[: len(chunk)])
         self.policy.sleep()
         metrics = rollout_metrics(stats, prefix="eval/")
         metrics = {("eval/reward" if k == "eval/reward/mean" else k): v for k, v in metrics.items()}
+        if cfg.eval.group_by:
+            metrics |= grouped_metrics(stats, cfg.eval.group_by)
         metrics = self._mean_over_processes(metrics)
         if cfg.logging.samples_jsonl:
             records = sample_records(
@@ -510,10 +361,10 @@ class GRPOTrainer:
                 {
                     "step": self.step,
                     "num_processes": acc.num_processes,
-                    "sampler": self.sampler.state(self.step, cfg.rollout.prompts_per_step),
+                    "sampler": self._data_state(self.step),
                     "rng": {
                         "seed": cfg.seed,
-                        "next_generation_seed": ckpt.step_seed(cfg.seed, self.step, 0),
+                        "sampling_seeds": "rlf_trainer.seeds.sample_seed(seed, step=..., episode=..., turn=...)",
                         "process_states": "random_states_<rank>.pkl (python, numpy, torch; saved by Accelerate)",
                     },
                     "last_eval_step": self._last_eval_step,
@@ -539,7 +390,7 @@ class GRPOTrainer:
         out = Path(path) if path is not None else self.config.model_dir
         acc = self.accelerator
         acc.wait_for_everyone()
-        with self._full_parameters():
+        with grpo.full_parameters(acc, self.model):
             if acc.is_main_process:
                 model = acc.unwrap_model(self.model)
                 weights = {name: t.detach().contiguous() for name, t in inference_state_dict(model).items()}
@@ -550,10 +401,14 @@ class GRPOTrainer:
         return out
 
     def _log(self, metrics: dict[str, float]) -> None:
+        health = self.health.update(self.step, metrics)
+        metrics = metrics | health.flags
         self.history.add(self.step, metrics)
         self.accelerator.log(metrics, step=self.step)
         if self.accelerator.is_main_process:
             self.history.write_jsonl(self.run_dir / "metrics.jsonl")
+            self.health_log.write(health)
+        self.health_log.raise_on_failure(health)  # every process: they stop together
 
     def _write_run_files(self) -> None:
         if not self.accelerator.is_main_process:
@@ -578,7 +433,8 @@ class GRPOTrainer:
             yield lambda metrics: None
             return
         if not sys.stdout.isatty():
-            print(f"GRPO: {self.config.max_steps - self.step} steps to go, a line after each", flush=True)
+            stage = "SFT" if self.config.algorithm.name == "sft" else "GRPO"
+            print(f"{stage}: {self.config.max_steps - self.step} steps to go, a line after each", flush=True)
             yield lambda metrics: print(progress_line(self.step, self.config.max_steps, metrics), flush=True)
             return
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn

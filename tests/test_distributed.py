@@ -141,12 +141,13 @@ def two_process_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 @pytest.mark.timeout(600)
 def test_two_processes_play_disjoint_episodes_that_make_up_the_step(two_process_run: dict[str, Any]) -> None:
-    from rlf_trainer.checkpoint import PromptSampler
+    from rlf_trainer.prompts import PromptSampler
+    from rlf_trainer.seeds import sample_seed
 
     rank0, rank1 = two_process_run["ranks"]
     assert rank0["world"] == rank1["world"] == 2
     sampler = PromptSampler(num_tasks=4, seed=0)
-    seeds: set[int] = set()
+    seeds: list[int] = []
     for split in ("train", "test"):
         plays0 = [p for p in rank0["plays"] if p["split"] == split]
         plays1 = [p for p in rank1["plays"] if p["split"] == split]
@@ -154,11 +155,13 @@ def test_two_processes_play_disjoint_episodes_that_make_up_the_step(two_process_
         for a, b in zip(plays0, plays1, strict=True):
             assert a["step"] == b["step"]
             assert not set(a["tasks"]) & set(b["tasks"]), (a, b)  # every sample of a prompt stays on one rank
-            assert a["seed"] != b["seed"]
             if split == "train":
                 assert sorted(a["tasks"] + b["tasks"]) == sorted(sampler.indices(a["step"], 2) * 2)
-            seeds |= {a["seed"], b["seed"]}
-    assert len(seeds) == 2 * (3 + 2)  # 3 steps, evals after steps 2 and 3: no seed reused anywhere
+                # the rank is in the episode index: the seeds a one-process run draws for these episodes
+                expected = [sample_seed(0, step=a["step"], episode=e, turn=0) for e in range(4)]
+                assert a["seeds"] + b["seeds"] == expected
+            seeds += a["seeds"] + b["seeds"]
+    assert len(seeds) == 4 * (3 + 2) == len(set(seeds))  # 3 steps, evals after steps 2 and 3: none reused
 
 
 @pytest.mark.timeout(600)

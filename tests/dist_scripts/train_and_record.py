@@ -5,7 +5,7 @@ Run by tests/test_distributed.py under ``torchrun``::
     python tests/dist_scripts/train_and_record.py OUT_DIR MODEL_DIR RUN_DIR [dotted.key=value ...]
 
 Writes ``OUT_DIR/rank_<r>.json``: the world size, every ``envs.reset`` of the training rollouts
-(step, split, task indices) with the generation seed of its first turn, and the logged metrics;
+(step, split, task indices) with the per-request seeds of its first turn, and the logged metrics;
 and ``OUT_DIR/params_rank_<r>.pt``: the trained parameters (gathered, so sharded models compare).
 The recording wraps the real env and policy methods; nothing is replaced.
 """
@@ -38,14 +38,14 @@ def main(out_dir: str, model_dir: str, run_dir: str, *overrides: str) -> None:
                 "step": trainer.step,
                 "split": options.get("split"),
                 "tasks": list(options["task_indices"]),
-                "seed": None,
+                "seeds": None,
             }
         )
         return reset(*args, **kwargs)
 
     def recording_generate(prompts: Any, params: Any) -> Any:
-        if plays and plays[-1]["seed"] is None:
-            plays[-1]["seed"] = params.seed
+        if plays and plays[-1]["seeds"] is None:
+            plays[-1]["seeds"] = params.request_seeds(len(prompts))
         return generate(prompts, params)
 
     local_steps: list[list[dict[str, Any]]] = []  # this rank's own episodes of each step (not averaged)

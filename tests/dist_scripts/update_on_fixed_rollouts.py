@@ -25,6 +25,7 @@ def main(out_dir: str, model_dir: str, run_dir: str, batch_file: str, *overrides
     from accelerate.utils import gather_object
 
     from rlf_trainer import grpo
+    from rlf_trainer.advantages import spread_over_tokens
     from rlf_trainer.metrics import rollout_metrics
     from rlf_trainer.trainer import GRPOTrainer
     from tests.helpers import tiny_config
@@ -42,7 +43,8 @@ def main(out_dir: str, model_dir: str, run_dir: str, batch_file: str, *overrides
     local = batch.select(list(mine))
     history = []
     for _ in range(2):
-        advantages, _ = grpo.batch_advantages(parts, local)
+        per_turn = grpo.episode_advantages(parts, local)
+        advantages = spread_over_tokens(per_turn, local.turn_spans, local.loss_mask.shape[1])
         metrics = grpo.update(parts, local, advantages, list(range(len(local))))
         metrics = trainer._mean_over_processes({k: v for k, v in metrics.items() if k != "grad_norm"})
         history.append(metrics | rollout_metrics(gather_object(list(local.stats))))  # as train_step logs them

@@ -37,6 +37,7 @@ import torch
 
 from rlf_trainer.advantages import overlong_penalty, spread_over_tokens, turn_advantages
 from rlf_trainer.collect import Collected, Prefetch, StepParts, collect, play, sampling_params
+from rlf_trainer.distributed import any_rank
 from rlf_trainer.losses import (
     LossSpec,
     Normaliser,
@@ -115,7 +116,8 @@ def fill_batch(
     if algo.dynamic_sampling:
         kept = [(first.select(_rows(with_signal, size)), [per_turn[i] for i in _rows(with_signal, size)])]
         have, rounds = len(with_signal), 0
-        while have < num_groups and rounds < algo.max_refill_rounds:
+        # Every rank plays as many rounds as the neediest one (a sharded model's forward is a collective).
+        while rounds < algo.max_refill_rounds and any_rank(parts.accelerator, have < num_groups):
             rounds += 1
             extra = collect(parts, step, refill_round=rounds).batch
             extra_turns = episode_advantages(parts, extra)
@@ -201,7 +203,7 @@ def micro_batch_loss(
     )
     loss = aggregate(algo.loss, terms, kl, mask, norm)
     out = {k: float(v) for k, v in (loss_metrics | tis_metrics).items()}
-    out["loss"] = float(aggregate(algo.loss, terms, kl, mask, Normaliser.of(mask, norm.max_len)).detach())
+    out["loss"] = float(loss.detach())  # this micro-batch's share of its optimizer step's loss
     if cfg.rollout.overlap or not samples_with_trained_model(parts):  # else the KL is ~1e-9
         out["sampler_kl"] = float(approx_kl(logp, sampler_logp, mask))
     out["entropy"] = masked_entropy(logits.detach(), mask)
@@ -255,6 +257,21 @@ def step_normalisers(parts: StepParts, batch: RolloutBatch, minis: list[np.ndarr
     return [Normaliser(sequences, tokens, max_len) for sequences, tokens in totals]
 
 
+def metric_weight(key: str, micro: RolloutBatch, norm: Normaliser, processes: int, variant: str) -> float:
+    """How much a micro-batch's metric counts in its optimizer step's value over every process.
+
+    Token means (KL, entropy, ratios) weigh by the micro-batch's share of the step's trained tokens,
+    GSPO's per-sequence clip statistics by its share of the sequences; ``loss`` is already this
+    micro-batch's share. The trainer averages the processes' values, hence the factor ``processes``:
+    the logged figure is the one a single process training on every episode would log.
+    """
+    if key == "loss":
+        return float(processes)
+    if variant == "gspo" and key in ("clip_fraction", "ratio_mean"):
+        return processes * len(micro) / max(norm.sequences, 1.0)
+    return processes * float(micro.loss_mask[:, 1:].sum()) / max(norm.tokens, 1.0)
+
+
 def optimizer_step(
     parts: StepParts,
     batch: RolloutBatch,
@@ -266,7 +283,6 @@ def optimizer_step(
     """``gradient_accumulation_steps`` micro-batches of ``rows``, then one clipped optimizer step."""
     acc, cfg = parts.accelerator, parts.config
     steps = acc.gradient_accumulation_steps
-    local_tokens = float(batch.loss_mask[rows.tolist(), 1:].sum()) if len(rows) else 0.0
     sums: dict[str, float] = defaultdict(float)
     grad_norm: float | None = None
     for micro_rows in np.array_split(rows, steps):
@@ -288,14 +304,9 @@ def optimizer_step(
                 grad_norm = float(norm_value) if norm_value is not None else None
             parts.optimizer.step()
             parts.optimizer.zero_grad(set_to_none=True)
-        if not dummy:  # metrics: this process's micro-batches weighted like their loss
-            share = (
-                float(micro.loss_mask[:, 1:].sum()) / max(local_tokens, 1.0)
-                if cfg.algorithm.loss == "dapo"
-                else len(micro_rows) / len(rows)
-            )
+        if not dummy:
             for key, value in micro_metrics.items():
-                sums[key] += value * share
+                sums[key] += value * metric_weight(key, micro, norm, acc.num_processes, cfg.algorithm.loss)
     if not acc.sync_gradients:
         raise RuntimeError(
             "gradient accumulation went out of step with the micro-batches: an optimizer step must "

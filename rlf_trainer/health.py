@@ -142,6 +142,13 @@ class HealthMonitor:
                 self.tripped.add(name)
         return report
 
+    def replay(self, records: list[dict[str, float]]) -> None:
+        """Feed a resumed run's history back in, so the trend checks go on where the run stopped
+        (nothing is reported again)."""
+        for record in records:
+            metrics = {k: v for k, v in record.items() if k != "step" and not k.startswith("health/")}
+            self.update(int(record["step"]), metrics)
+
     # --------------------------------------------------------------------------- series helpers
     def _series(self, key: str) -> list[float]:
         return [m[key] for _, m in self.history if key in m]

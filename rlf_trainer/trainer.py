@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from accelerate.utils import gather_object
 
-from rlf_trainer import build, grpo
+from rlf_trainer import build, distributed, grpo
 from rlf_trainer import checkpoint as ckpt
 from rlf_trainer.budget import check_run_budget
 from rlf_trainer.config import Config, ConfigError, dump_config
@@ -117,12 +117,12 @@ class GRPOTrainer:
     """
 
     def __init__(self, config: Config) -> None:
-        from accelerate import Accelerator
         from accelerate.utils import set_seed
 
         self.config = config.validate()
         self.run_dir = config.run_dir
-        self.accelerator = Accelerator(
+        self.accelerator = distributed.make_accelerator(
+            config.distributed.timeout_s,
             gradient_accumulation_steps=config.optim.gradient_accumulation_steps,
             mixed_precision=config.mixed_precision,
             log_with="tensorboard" if config.logging.tensorboard else None,
@@ -233,9 +233,13 @@ class GRPOTrainer:
                 state.get("sampler"),
                 expected,
             )
+        note = distributed.resume_note(state.get("num_processes"), self.accelerator.num_processes)
+        if note and self.accelerator.is_main_process:
+            logger.warning("%s", note)
         self.accelerator.load_state(str(path))
         self.step = int(state["step"])
         self.history = MetricsHistory(state.get("history", []))
+        self.health.replay(self.history.records)
         self._last_saved_step = self.step
         self._last_eval_step = state.get("last_eval_step")
         grpo.sync_weights(self.parts)
@@ -261,6 +265,8 @@ class GRPOTrainer:
             if cfg.checkpoint.save_model:
                 self.save_model()
             self._write_run_files()
+        except BaseException as exc:  # tell the other ranks before close() tears the process group down
+            raise distributed.explain_failure(self.accelerator, exc)  # noqa: B904 (exc itself, or a RankFailure chained to it)
         finally:
             self.close()
         return self.history
@@ -285,6 +291,9 @@ class GRPOTrainer:
         self.step = next_step
         self.last_batch = batch
         metrics = self._mean_over_processes(metrics)
+        # std and fractions over every process's episodes, not a mean of the processes' values
+        if self.accelerator.num_processes > 1:
+            metrics |= rollout_metrics(gather_object(list(batch.stats)))
         if cfg.logging.samples_jsonl and cfg.logging.samples_per_step and self.accelerator.is_main_process:
             append_jsonl(
                 self.run_dir / "train_samples.jsonl",
@@ -351,6 +360,7 @@ class GRPOTrainer:
                 path,
                 {
                     "step": self.step,
+                    "num_processes": acc.num_processes,
                     "sampler": self._data_state(self.step),
                     "rng": {
                         "seed": cfg.seed,
@@ -455,5 +465,6 @@ class GRPOTrainer:
         if getattr(self, "prefetch", None) is not None:
             self.prefetch.close()
         self.policy.close()  # first: a vLLM engine needs the process group that end_training destroys
+        distributed.stop_rank_watch(self.accelerator)
         self.accelerator.end_training()
         self.envs.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import torch
 
 from rlf_trainer.config import Config, ConfigError
 from rlf_trainer.policy.base import Policy
+from rlf_trainer.schedule import lr_scheduler
 
 
 def resolve_model_path(config: Config) -> str:
@@ -161,3 +163,48 @@ def make_policy(config: Config, accelerator: Any, model: Any, tokenizer: Any, mo
         seed=cfg.seed + accelerator.process_index,
         tokenizer=tokenizer,
     )
+
+
+def prompts_per_process(config: Config, processes: int) -> int:
+    """This process's share of ``rollout.prompts_per_step`` (every group stays on one process)."""
+    if config.rollout.prompts_per_step % processes:
+        raise ConfigError(
+            f"rollout.prompts_per_step={config.rollout.prompts_per_step} must be a multiple of "
+            f"the {processes} processes"
+        )
+    return config.rollout.prompts_per_step // processes
+
+
+@dataclass
+class TrainingModules:
+    """What the optimizer steps touch, prepared by Accelerate (the reference model is not: it would
+    be saved in every checkpoint)."""
+
+    model_path: str
+    tokenizer: Any
+    model: Any
+    ref_model: Any | None
+    optimizer: Any
+    scheduler: Any
+
+
+def training_modules(config: Config, accelerator: Any) -> TrainingModules:
+    """Model path (prepared once, by the main process first), tokenizer, policy model, the frozen
+    reference when ``algorithm.beta`` > 0 without LoRA, AdamW and the LR schedule."""
+    with accelerator.main_process_first():
+        model_path = resolve_model_path(config)
+    tokenizer = load_tokenizer(config, model_path)
+    model = load_model(config, model_path)
+    ref_model = load_reference(config, model_path) if config.algorithm.beta > 0 and not config.lora.enabled else None
+    o = config.optim
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=o.lr, betas=(o.adam_beta1, o.adam_beta2), eps=o.adam_eps, weight_decay=o.weight_decay,
+    )  # fmt: skip
+    model, optimizer = accelerator.prepare(model, optimizer)
+    # Stepped by hand once per GRPO step (Accelerate's wrapper would step it once per process).
+    scheduler = lr_scheduler(optimizer, o, total_steps=config.max_steps)
+    accelerator.register_for_checkpointing(scheduler)
+    if ref_model is not None:  # a frozen full copy per process (bf16 under bf16 mixed precision)
+        ref_model.to(accelerator.device)
+    return TrainingModules(model_path, tokenizer, model, ref_model, optimizer, scheduler)

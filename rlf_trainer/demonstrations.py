@@ -279,24 +279,8 @@ async def acollect(
 
             async def worker(slot: int) -> None:
                 while not queue.empty():
-                    task_index, episode_seed = queue.get_nowait()
-                    task_id = envs_task_id(envs, split, task_index)
-                    if episode_key(task_id, episode_seed) in done:
-                        report.already_done += 1
-                    else:
-                        reward, info, messages, tools = await _play_episode(
-                            envs, slot, agent, task_index, split, episode_seed
-                        )
-                        report.played += 1
-                        report.rewards.append(reward)
-                        if reward >= threshold:
-                            report.kept += 1
-                            record = {"messages": messages, "tools": tools, "env_id": env_id,
-                                      "task_id": task_id, "task_index": task_index, "split": split,
-                                      "seed": episode_seed, "reward": reward,
-                                      "reward_info": info.get("reward_info") or {}}  # fmt: skip
-                            sink.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
-                            sink.flush()
+                    job = queue.get_nowait()
+                    await _play_job(envs, slot, agent, job, env_id, split, threshold, done, report, sink)
                     if progress is not None:
                         progress(report, len(jobs))
 
@@ -310,6 +294,28 @@ async def acollect(
             "lower --threshold or use a stronger agent"
         )
     return report
+
+
+async def _play_job(
+    envs: Any, slot: int, agent: AgentFn, job: tuple[int, int], env_id: str, split: str,
+    threshold: float, done: set[tuple[str, int]], report: CollectReport, sink: Any,
+) -> None:  # fmt: skip
+    """One (task, seed): skipped when already in the file, else played and, above the threshold, written."""
+    task_index, episode_seed = job
+    task_id = envs_task_id(envs, split, task_index)
+    if episode_key(task_id, episode_seed) in done:
+        report.already_done += 1
+        return
+    reward, info, messages, tools = await _play_episode(envs, slot, agent, task_index, split, episode_seed)
+    report.played += 1
+    report.rewards.append(reward)
+    if reward >= threshold:
+        report.kept += 1
+        record = {"messages": messages, "tools": tools, "env_id": env_id, "task_id": task_id,
+                  "task_index": task_index, "split": split, "seed": episode_seed, "reward": reward,
+                  "reward_info": info.get("reward_info") or {}}  # fmt: skip
+        sink.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+        sink.flush()
 
 
 def envs_task_id(envs: Any, split: str, task_index: int) -> str:

@@ -210,3 +210,14 @@ __all__ = [
     "resume_note",
     "stop_rank_watch",
 ]
+
+
+def mean_over_processes(accelerator: Any, metrics: dict[str, float]) -> dict[str, float]:
+    """Each metric's mean over the processes that have it (every process gets the same dict)."""
+    if accelerator.num_processes == 1:
+        return metrics
+    from accelerate.utils import gather_object
+
+    gathered: list[dict[str, float]] = gather_object([metrics])
+    keys = sorted({k for m in gathered for k in m})
+    return {k: sum(m[k] for m in gathered if k in m) / sum(1 for m in gathered if k in m) for k in keys}

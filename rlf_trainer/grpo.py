@@ -26,11 +26,8 @@ The trainer (:mod:`rlf_trainer.trainer`) builds :class:`~rlf_trainer.collect.Ste
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections import defaultdict
-from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 import torch
@@ -38,20 +35,18 @@ import torch
 from rlf_trainer.advantages import overlong_penalty, spread_over_tokens, turn_advantages
 from rlf_trainer.collect import Collected, Prefetch, StepParts, collect, play, sampling_params
 from rlf_trainer.distributed import any_rank
+from rlf_trainer.forward import full_parameters, masked_entropy, reference_logprobs, token_logprobs
 from rlf_trainer.losses import (
     LossSpec,
     Normaliser,
     aggregate,
     approx_kl,
     loss_terms,
-    selective_log_softmax,
-    token_entropy,
     truncated_importance_weights,
 )
 from rlf_trainer.metrics import rollout_metrics
 from rlf_trainer.rollout_batch import RolloutBatch
 
-_ENTROPY_CHUNK = 1024  # token rows per entropy chunk: bounds the [rows, vocab] softmax
 # Diagnostics that are constant by construction when pi_old is the model itself at its one update
 # (the loss is then -mean(A) = 0 plus the KL penalty, if any).
 _RATIO_ONE_METRICS = ("clip_fraction", "ratio_mean", "approx_kl_old", "loss")
@@ -146,15 +141,6 @@ def _single_pass(parts: StepParts) -> bool:
     return algo.num_iterations == 1 and algo.mini_batches == 1 and algo.old_logprobs == "recompute"
 
 
-def token_logprobs(parts: StepParts, micro: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """The model's logits ``[n, T-1, V]`` and log-probs ``[n, T-1]`` of the tokens of ``micro``."""
-    logits = parts.model(
-        input_ids=micro.input_ids, attention_mask=micro.attention_mask, use_cache=False
-    ).logits[:, :-1]
-    # Temperature 1: the policy records raw logprobs, whatever temperature it sampled with.
-    return logits, selective_log_softmax(logits, micro.input_ids[:, 1:])
-
-
 def frozen_old_logprobs(parts: StepParts, batch: RolloutBatch, keep: list[int]) -> torch.Tensor | None:
     """pi_old for every pass: the sampler's logprobs (``old_logprobs=rollout``), or, when the batch
     gets more than one optimizer step, the model's own before the first (no gradient); None when
@@ -217,29 +203,6 @@ def micro_batch_loss(
 def samples_with_trained_model(parts: StepParts) -> bool:
     """True when the policy generates with the very module being trained (the HF backend)."""
     return getattr(parts.policy, "model", None) is parts.accelerator.unwrap_model(parts.model)
-
-
-def reference_logprobs(parts: StepParts, micro: RolloutBatch) -> torch.Tensor:
-    """Token log-probs of the reference model: a frozen copy, or the LoRA base with adapters off."""
-    inputs = {"input_ids": micro.input_ids, "attention_mask": micro.attention_mask, "use_cache": False}
-    with torch.no_grad():
-        if parts.ref_model is not None:
-            logits = parts.ref_model(**inputs).logits
-        else:
-            with parts.accelerator.unwrap_model(parts.model).disable_adapter():
-                logits = parts.model(**inputs).logits
-        return selective_log_softmax(logits[:, :-1], micro.input_ids[:, 1:])
-
-
-def masked_entropy(logits: torch.Tensor, mask: torch.Tensor) -> float:
-    rows = logits[mask.bool()]
-    if rows.shape[0] == 0:
-        return 0.0
-    total = sum(
-        float(token_entropy(rows[i : i + _ENTROPY_CHUNK]).sum())
-        for i in range(0, rows.shape[0], _ENTROPY_CHUNK)
-    )
-    return total / rows.shape[0]
 
 
 def step_normalisers(parts: StepParts, batch: RolloutBatch, minis: list[np.ndarray]) -> list[Normaliser]:
@@ -346,24 +309,6 @@ def update(
 
 
 # --------------------------------------------------------------------------------------------- 4
-@contextlib.contextmanager
-def full_parameters(accelerator: Any, model: Any) -> Iterator[None]:
-    """Sharded (ZeRO-3 / FSDP) parameters gathered for the duration; a no-op otherwise."""
-    kind = accelerator.distributed_type.value
-    if kind == "DEEPSPEED" and accelerator.state.deepspeed_plugin.zero_stage == 3:
-        import deepspeed
-
-        with deepspeed.zero.GatheredParameters(list(model.parameters())):
-            yield
-    elif kind == "FSDP":
-        from torch.distributed.fsdp import FullyShardedDataParallel
-
-        with FullyShardedDataParallel.summon_full_params(model, writeback=False):
-            yield
-    else:
-        yield
-
-
 def sync_weights(parts: StepParts) -> None:
     """Give a separate engine (vLLM) the current weights; the HF policy samples with the model itself."""
     if parts.config.policy.backend == "vllm":
@@ -419,7 +364,6 @@ __all__ = [
     "collect",
     "episode_advantages",
     "fill_batch",
-    "full_parameters",
     "micro_batch_loss",
     "play",
     "sampling_params",

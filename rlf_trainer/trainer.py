@@ -4,7 +4,8 @@ The step itself, rollout -> advantages -> micro-batched loss -> optimizer step -
 reads top to bottom in :mod:`rlf_trainer.grpo`; :meth:`GRPOTrainer.train_step` calls it with the
 :class:`~rlf_trainer.grpo.StepParts` built here once (model, optimizer, scheduler, policy, envs).
 
-Everything random in a step is a function of ``(seed, step)`` (see :mod:`rlf_trainer.checkpoint`),
+Everything random in a step is a function of ``(seed, step)`` (:mod:`rlf_trainer.prompts` picks the
+prompts, :func:`rlf_trainer.seeds.sample_seed` seeds every request),
 so resuming from a checkpoint reproduces the steps of an uninterrupted run.
 
 Example:
@@ -15,81 +16,35 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
 from accelerate.utils import gather_object
 
 from rlf_trainer import build, distributed, grpo
 from rlf_trainer import checkpoint as ckpt
 from rlf_trainer.budget import check_run_budget
 from rlf_trainer.config import Config, ConfigError, dump_config
+from rlf_trainer.evaluation import evaluate
+from rlf_trainer.forward import full_parameters
 from rlf_trainer.health import HealthLog, HealthMonitor
 from rlf_trainer.metrics import (
     MetricsHistory,
     append_jsonl,
-    eval_prompt_indices,
-    grouped_metrics,
     plot_learning_curve,
     rollout_metrics,
     sample_records,
 )
-from rlf_trainer.policy.base import Policy, SamplingParams, inference_state_dict
+from rlf_trainer.policy.base import Policy, inference_state_dict
+from rlf_trainer.progress import flat_hparams, step_printer
 from rlf_trainer.prompts import PromptSampler
 from rlf_trainer.rollout_batch import RolloutBatch
-from rlf_trainer.schedule import lr_scheduler
-from rlf_trainer.seeds import SeedKey
 from rlf_trainer.sft import sft_step
 from rlf_trainer.sft_data import load_sft_examples
-from rlf_trainer.trajectory import EpisodeStats
 
 logger = logging.getLogger(__name__)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Small pieces: progress line, hparams
-# ---------------------------------------------------------------------------------------------------
-
-
-def progress_line(step: int, max_steps: int, metrics: dict[str, float]) -> str:
-    """The line a step prints when stdout is not a terminal.
-
-    Example:
-        >>> progress_line(3, 12, {"reward/mean": 0.5, "time/step": 41.96, "eval/reward": 1.0})
-        'GRPO step 3/12  reward 0.500  eval 1.000  42.0 s/step  ~6.3 min to go'
-        >>> progress_line(1, 30, {"sft/loss": 1.25})
-        'SFT step 1/30  loss 1.250'
-    """
-    if "sft/loss" in metrics:  # algorithm.name: sft
-        parts = [f"SFT step {step}/{max_steps}", f"loss {metrics['sft/loss']:.3f}"]
-    else:
-        parts = [f"GRPO step {step}/{max_steps}", f"reward {metrics.get('reward/mean', float('nan')):.3f}"]
-    if "eval/reward" in metrics:
-        parts.append(f"eval {metrics['eval/reward']:.3f}")
-    if "time/step" in metrics:
-        left_s = metrics["time/step"] * (max_steps - step)
-        parts.append(f"{metrics['time/step']:.1f} s/step  ~{left_s / 60:.1f} min to go")
-    return "  ".join(parts)
-
-
-def _flat_hparams(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            out.update(_flat_hparams(value, f"{name}."))
-        elif isinstance(value, bool | int | float | str):
-            out[name] = value
-        else:
-            out[name] = str(value)
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -130,41 +85,16 @@ class GRPOTrainer:
         )
         acc = self.accelerator
         set_seed(config.seed)
-        if config.rollout.prompts_per_step % acc.num_processes:
-            raise ConfigError(
-                f"rollout.prompts_per_step={config.rollout.prompts_per_step} must be a multiple of "
-                f"the {acc.num_processes} processes"
-            )
-        self.local_prompts = config.rollout.prompts_per_step // acc.num_processes
+        self.local_prompts = build.prompts_per_process(config, acc.num_processes)
         self.group_size = config.algorithm.group_size
         if acc.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             dump_config(config, self.run_dir / "config.yaml")
 
-        with acc.main_process_first():
-            self.model_path = build.resolve_model_path(config)
-        self.tokenizer = build.load_tokenizer(config, self.model_path)
-        model = build.load_model(config, self.model_path)
-        self.ref_model = (
-            build.load_reference(config, self.model_path)
-            if config.algorithm.beta > 0 and not config.lora.enabled
-            else None
-        )
-        optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
-            lr=config.optim.lr,
-            betas=(config.optim.adam_beta1, config.optim.adam_beta2),
-            eps=config.optim.adam_eps,
-            weight_decay=config.optim.weight_decay,
-        )
-        self.model, self.optimizer = acc.prepare(model, optimizer)
-        # Stepped by hand once per optimizer step (Accelerate's wrapper would step it once per process).
-        self.scheduler = lr_scheduler(self.optimizer, config.optim, total_steps=config.max_steps)
-        acc.register_for_checkpointing(self.scheduler)
-        if self.ref_model is not None:
-            # Not through accelerator.prepare: it would be saved in every checkpoint. A frozen full
-            # copy per process (in bf16 under bf16 mixed precision) is all the KL term needs.
-            self.ref_model.to(acc.device)
+        modules = build.training_modules(config, acc)
+        self.model_path, self.tokenizer = modules.model_path, modules.tokenizer
+        self.model, self.ref_model = modules.model, modules.ref_model
+        self.optimizer, self.scheduler = modules.optimizer, modules.scheduler
 
         self.step = 0
         self.history = MetricsHistory()
@@ -180,22 +110,12 @@ class GRPOTrainer:
             self.health_log = HealthLog(self.run_dir if acc.is_main_process else None, config.health.fail_on)
             self.sampler = PromptSampler(build.num_train_tasks(config, self.envs), config.seed)
             self.policy: Policy = build.make_policy(config, acc, self.model, self.tokenizer, self.model_path)
-            self.parts = grpo.StepParts(
-                config=config,
-                accelerator=acc,
-                model=self.model,
-                ref_model=self.ref_model,
-                optimizer=self.optimizer,
-                scheduler=self.scheduler,
-                policy=self.policy,
-                envs=self.envs,
-                sampler=self.sampler,
-                local_prompts=self.local_prompts,
-            )
+            self.parts = grpo.StepParts(config, acc, self.model, self.ref_model, self.optimizer, self.scheduler,
+                                        self.policy, self.envs, self.sampler, self.local_prompts)  # fmt: skip
             self.prefetch = grpo.Prefetch() if config.rollout.overlap else None
             self.sft_data, self.sft_sampler = self._load_sft_data()
             self._resume()
-            acc.init_trackers("tensorboard", config=_flat_hparams(config.to_dict()))
+            acc.init_trackers("tensorboard", config=flat_hparams(config.to_dict()))
         except BaseException:
             if hasattr(self, "policy"):
                 self.policy.close()
@@ -251,7 +171,9 @@ class GRPOTrainer:
         """Run until ``max_steps``: steps, evals, checkpoints; then the final checkpoint, curve and metrics."""
         cfg = self.config
         try:
-            with self._progress() as advance:
+            stage = "SFT" if cfg.algorithm.name == "sft" else "GRPO"
+            printing = cfg.logging.progress_bar and self.accelerator.is_main_process
+            with step_printer(stage, cfg.max_steps, self.step, lambda: self.step, enabled=printing) as advance:
                 while self.step < cfg.max_steps:
                     metrics = self.train_step()
                     if eval_due(self.step, cfg.eval.every, cfg.max_steps):
@@ -286,11 +208,11 @@ class GRPOTrainer:
         if self.sft_data is not None:
             metrics = sft_step(self.parts, self.sft_data, self.sft_sampler, self.step)
             self.step = next_step
-            return self._mean_over_processes(metrics)
+            return distributed.mean_over_processes(self.accelerator, metrics)
         batch, metrics = grpo.train_step(self.parts, self.step, self.prefetch, prefetch_next=prefetch_next)
         self.step = next_step
         self.last_batch = batch
-        metrics = self._mean_over_processes(metrics)
+        metrics = distributed.mean_over_processes(self.accelerator, metrics)
         # std and fractions over every process's episodes, not a mean of the processes' values
         if self.accelerator.num_processes > 1:
             metrics |= rollout_metrics(gather_object(list(batch.stats)))
@@ -307,46 +229,10 @@ class GRPOTrainer:
             )
         return metrics
 
-    # ------------------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict[str, float]:
-        """``eval.num_prompts`` test prompts, one sample each at ``eval.temperature``; logs samples JSONL."""
-        cfg, acc = self.config, self.accelerator
+        """``eval.num_prompts`` test prompts, one sample each (:func:`rlf_trainer.evaluation.evaluate`)."""
         self._last_eval_step = self.step
-        prompts = eval_prompt_indices(self.envs.num_tasks(cfg.env.test_split), cfg.eval.num_prompts, cfg.eval.sample_seed)
-        mine = prompts[acc.process_index :: acc.num_processes]
-        num_envs = self.local_prompts * self.group_size
-        stats: list[EpisodeStats] = []
-        transcripts: list[list[dict[str, Any]]] = []
-        self.policy.wake_up()
-        for chunk_start in range(0, len(mine), num_envs):
-            chunk = mine[chunk_start : chunk_start + num_envs]
-            padded = chunk + [chunk[-1]] * (num_envs - len(chunk))
-            sampling = SamplingParams(
-                max_new_tokens=cfg.rollout.max_new_tokens,
-                temperature=cfg.eval.temperature,
-                top_p=cfg.eval.top_p,
-            )
-            # eval episode = the prompt's position in the eval list (dealt round-robin to processes)
-            first, stride = acc.process_index + chunk_start * acc.num_processes, acc.num_processes
-            seeds = SeedKey(cfg.seed, self.step, split="eval", first_episode=first, episode_stride=stride)
-            batch = grpo.play(self.parts, padded, sampling, cfg.env.test_split, group_size=1, seeds=seeds)
-            stats.extend(batch.stats[: len(chunk)])
-            transcripts.extend(batch.transcripts[: len(chunk)])
-        self.policy.sleep()
-        metrics = rollout_metrics(stats, prefix="eval/")
-        metrics = {("eval/reward" if k == "eval/reward/mean" else k): v for k, v in metrics.items()}
-        if cfg.eval.group_by:
-            metrics |= grouped_metrics(stats, cfg.eval.group_by)
-        metrics = self._mean_over_processes(metrics)
-        if cfg.logging.samples_jsonl:
-            records = sample_records(
-                stats, transcripts, step=self.step, limit=cfg.eval.samples_to_log, kind="eval"
-            )
-            if acc.num_processes > 1:  # every process evaluated its share of the prompts
-                records = gather_object(records)[: cfg.eval.samples_to_log]
-            if acc.is_main_process:
-                append_jsonl(self.run_dir / "eval_samples.jsonl", records)
-        return metrics
+        return evaluate(self.parts, self.step, self.run_dir)
 
     # ------------------------------------------------------------------------------ bookkeeping
     def save_checkpoint(self) -> Path:
@@ -390,7 +276,7 @@ class GRPOTrainer:
         out = Path(path) if path is not None else self.config.model_dir
         acc = self.accelerator
         acc.wait_for_everyone()
-        with grpo.full_parameters(acc, self.model):
+        with full_parameters(acc, self.model):
             if acc.is_main_process:
                 model = acc.unwrap_model(self.model)
                 weights = {name: t.detach().contiguous() for name, t in inference_state_dict(model).items()}
@@ -417,45 +303,6 @@ class GRPOTrainer:
         plot_learning_curve(
             self.history, self.run_dir / "learning_curve.png", title=self.config.logging.run_name
         )
-
-    def _mean_over_processes(self, metrics: dict[str, float]) -> dict[str, float]:
-        acc = self.accelerator
-        if acc.num_processes == 1:
-            return metrics
-        gathered: list[dict[str, float]] = gather_object([metrics])
-        keys = sorted({k for m in gathered for k in m})
-        return {k: float(np.mean([m[k] for m in gathered if k in m])) for k in keys}
-
-    @contextlib.contextmanager
-    def _progress(self) -> Iterator[Callable[[dict[str, float]], None]]:
-        """A rich bar on a terminal; one line a step otherwise (logs, pipes, CI), so no run is silent."""
-        if not (self.config.logging.progress_bar and self.accelerator.is_main_process):
-            yield lambda metrics: None
-            return
-        if not sys.stdout.isatty():
-            stage = "SFT" if self.config.algorithm.name == "sft" else "GRPO"
-            print(f"{stage}: {self.config.max_steps - self.step} steps to go, a line after each", flush=True)
-            yield lambda metrics: print(progress_line(self.step, self.config.max_steps, metrics), flush=True)
-            return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        columns = (
-            TextColumn("[bold]GRPO"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(),
-            TextColumn("{task.description}"),
-        )
-        with Progress(*columns) as progress:
-            task = progress.add_task("", total=self.config.max_steps, completed=self.step)
-
-            def advance(metrics: dict[str, float]) -> None:
-                text = f"reward {metrics.get('reward/mean', float('nan')):.3f}"
-                if "eval/reward" in metrics:
-                    text += f"  eval {metrics['eval/reward']:.3f}"
-                progress.update(task, completed=self.step, description=text)
-
-            yield advance
 
     def close(self) -> None:
         """Shut the policy down, end the trackers (flushes TensorBoard), close the envs (stops their tool servers)."""

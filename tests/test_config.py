@@ -219,3 +219,4 @@ def test_deepsearch_recipe_matches_rl_factory():
     assert (cfg.rollout.temperature, cfg.rollout.top_p) == (0.7, 0.95)
     assert cfg.policy.backend == "vllm" and cfg.policy.vllm.gpu_memory_utilization == 0.75
     assert cfg.mixed_precision == "bf16" and cfg.gradient_checkpointing is True
+    assert cfg.algorithm.mini_batches == 4  # train_batch_size 128 / ppo_mini_batch_size 32

@@ -161,7 +161,7 @@ def check_grpo(shape: GPUCheckShape, model: Path, out: Path) -> dict[str, Any]:
     config = Path(__file__).resolve().parents[1] / "examples" / "configs" / "smollm2_learn_cpu.yaml"
     trainer = GRPOTrainer(load_config(config, overrides))
     history = trainer.train()
-    keys = ("time/step", "time/generate", "time/train", "sampler_kl", "reward/mean", "samples/s")
+    keys = ("step", "time/step", "time/generate", "time/train", "sampler_kl", "reward/mean", "samples/s")
     return {"backend": backend, "steps": [{k: r.get(k) for k in keys if k in r} for r in history.records]}
 
 

@@ -89,9 +89,15 @@ class DataTab:
                 self.load = gr.Button("Load path", elem_id="data-load")
         self.status = status_box("data-status")
         with gr.Row():
-            self.question = gr.Dropdown([], label="question column", elem_id="data-question")
-            self.answer = gr.Dropdown([], label="answer column", elem_id="data-answer")
-            self.task_id = gr.Dropdown([], label="id column", elem_id="data-id")
+            # custom values allowed: a rejected file empties the choices, and a value left from the
+            # file before must not fail the next event's preprocessing
+            self.question = gr.Dropdown(
+                [], label="question column", elem_id="data-question", allow_custom_value=True
+            )
+            self.answer = gr.Dropdown(
+                [], label="answer column", elem_id="data-answer", allow_custom_value=True
+            )
+            self.task_id = gr.Dropdown([], label="id column", elem_id="data-id", allow_custom_value=True)
             self.fraction = gr.Number(
                 0.25, label="test fraction", minimum=0, maximum=0.9, elem_id="data-test-fraction"
             )

@@ -240,3 +240,26 @@ def test_id_column_is_the_users_choice(tmp_path: Path) -> None:
     (tmp_path / "tasks.csv").write_text("q,a\nx,1\n")
     with pytest.raises(DataError, match="tasks.csv is not a task file: use .jsonl, .json, .parquet"):
         read_records(tmp_path / "tasks.csv")
+
+
+# --- the docs' python reward ---------------------------------------------------------------------
+
+
+def test_the_documented_python_reward_runs_on_a_real_episode(project: Project) -> None:
+    """docs/studio.md's reward example, fed a real episode of the project's env (one failed call)."""
+    from rlf_studio.playground import EpisodeSession
+
+    project.write_json(
+        project.reward_path,
+        {"components": [{"name": "python", "weight": 1.0}],
+         "python": {"file": str(Path(__file__).parent / "studio_fixtures" / "example_reward.py"), "function": "reward"}},
+    )  # fmt: skip
+    session = EpisodeSession(project, max_turns=3)
+    try:
+        session.reset(0)
+        word = session.question.split()[-1].rstrip(".")
+        session.step('<tool_call>{"name": "sleep", "arguments": {"ms": "soon"}}</tool_call>')
+        assert "final reward **0.900**" in session.step(f"<answer>{word}</answer>")
+        assert session.reward_info["failed_calls"] == 1
+    finally:
+        session.close()

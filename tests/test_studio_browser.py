@@ -31,6 +31,7 @@ pytest.importorskip("gradio")
 pytest.importorskip("playwright")
 
 pytestmark = pytest.mark.timeout(600)
+FORM_KEY = "rlf-studio-train-form"  # rlf_studio.ui.app: the Train form's local-storage entry
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +67,7 @@ def test_create_project_and_reload(ui: Page, project: Path) -> None:
     ui.sees("current-project", str(project))
     assert (project / "project.json").is_file()
     # a fresh page lists the projects that exist now, and a reload keeps the open project
+    ui.wait_stored("rlf-studio-project", None)  # rlf_studio.ui.app keeps the open project there
     ui.reload()
     ui.sees("current-project", str(project))
     ui.sees("project-status", "reopened project 'demo'")
@@ -203,7 +205,8 @@ def _refused(ui: Page, elem_id: str, value: str, message: str, good: str) -> Non
     ui.click("train-start")
     ui.sees("train-status", message, timeout_ms=TRAIN_TIMEOUT_MS)
     ui.sees("train-status", "no run started")
-    ui.fill(elem_id, good)
+    if good:
+        ui.fill(elem_id, good)
 
 
 def test_train_form_checks_and_survives_a_reload(
@@ -238,15 +241,21 @@ def test_train_form_checks_and_survives_a_reload(
     _refused(ui, "train-group", "1", "group size must be at least 2", "2")
     _refused(ui, "train-model", "/no/such/model", "the model folder '/no/such/model' does not exist",
              str(tool_calling_model_dir))  # fmt: skip
-    _refused(ui, "train-total-tokens", "48", "the longest train prompt takes", "1024")
+    _refused(ui, "train-total-tokens", "48", "the longest train prompt takes", "")
     assert not (project / "runs" / "tiny").exists()
 
+    saved = ui.stored(FORM_KEY)
+    ui.fill("train-total-tokens", "1024")
+    ui.click("train-preview")  # a round trip after the change: its save has been answered too
+    ui.sees("train-status", "the config is valid")
+    ui.wait_stored(FORM_KEY, saved)  # the browser has stored the form's last change
     ui.reload()  # the open project and the form's values stay
     ui.sees("current-project", str(project))
     ui.tab("Train")
     ui.has_value("train-model", str(tool_calling_model_dir))
     ui.has_value("train-run", "tiny")
     ui.has_value("train-new-tokens", "32")
+    ui.has_value("train-total-tokens", "1024")
 
 
 def test_train_abort_start_finish_resume(ui: Page, project: Path) -> None:

@@ -61,7 +61,14 @@ def build_app(project_root: str | Path) -> tuple[gr.Blocks, Studio]:
         )
         project_state.change(lambda p: p, project_state, saved_project)
         form = built["train"].widgets
-        gr.on([w.change for w in form], lambda *v: list(v), form, saved_form, show_progress="hidden")
+        gr.on(
+            [w.change for w in form],
+            lambda *v: list(v),
+            form,
+            saved_form,
+            show_progress="hidden",
+            trigger_mode="always_last",
+        )  # the last change is the one to keep
         app.load(built["projects"].on_page_load, saved_project, built["projects"].outputs)
         app.load(lambda v: _restore_form(v, len(form)), saved_form, form)
     return app, studio

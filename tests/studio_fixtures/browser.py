@@ -93,6 +93,15 @@ class Page:
         self.page.reload()
         self.page.get_by_role("tab", name="Projects", exact=True).wait_for(timeout=STEP_TIMEOUT_MS)
 
+    def stored(self, key: str) -> str | None:
+        """The browser's local-storage entry ``key`` (the studio keeps the open project and form there)."""
+        return self.page.evaluate("key => localStorage.getItem(key)", key)
+
+    def wait_stored(self, key: str, old: str | None) -> None:
+        """Until local storage's ``key`` differs from ``old`` (each save re-encrypts, so any save does)."""
+        self.page.wait_for_function("([key, old]) => localStorage.getItem(key) !== old", arg=[key, old],
+                                    timeout=STEP_TIMEOUT_MS)  # fmt: skip
+
     def options(self, elem_id: str) -> list[str]:
         """The options a dropdown offers (it is opened, read and closed)."""
         self.page.locator(f"#{elem_id} input").first.click()

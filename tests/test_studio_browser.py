@@ -300,6 +300,7 @@ def test_train_abort_start_finish_resume(ui: Page, project: Path) -> None:
 
 
 def test_train_other_envs(ui: Page) -> None:
+    ui.page.get_by_text("config YAML (follows the form)").click()  # closed again by the reload
     ui.pick("train-env", "RLF/Codebook-v0")
     ui.fill("train-run", "codebook")
     ui.click("train-preview")

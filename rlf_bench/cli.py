@@ -1,9 +1,10 @@
-"""``rlf-bench``: ``env`` benchmarks the env half; ``train`` and ``rollout`` the trainer half (``rlf[trainer]``).
+"""``rlf-bench``: ``env`` benchmarks the env half, ``simulator-checks`` the user-simulator checks; ``train`` and ``rollout`` the trainer half (``rlf[trainer]``).
 
 This dispatcher lives outside both halves so that ``rlf_envs`` never imports ``rlf_trainer``.
 
 Example:
     rlf-bench env --num-envs 256 --latency-ms 100 --steps 5 --json
+    rlf-bench simulator-checks        # precision/recall of the simulator checks on the labelled set
     rlf-bench train --json
     rlf-bench rollout --json          # lockstep vs async rollout (vLLM: .venv-vllm on a CPU machine)
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-USAGE = "usage: rlf-bench {env,train,rollout} [options]   (rlf-bench COMMAND --help)"
+USAGE = "usage: rlf-bench {env,simulator-checks,train,rollout} [options]   (rlf-bench COMMAND --help)"
 TRAINER_COMMANDS = {"train": "rlf_bench.train_bench", "rollout": "rlf_bench.rollout_bench"}
 
 
@@ -27,6 +28,10 @@ def main(argv: list[str] | None = None) -> int:
         from rlf_bench.env_cli import main as env_main
 
         return env_main(rest)
+    if command == "simulator-checks":
+        from rlf_bench.sim_checks_bench import main as sim_checks_main
+
+        return sim_checks_main(rest)
     if command in TRAINER_COMMANDS:
         try:
             import rlf_trainer.trainer  # noqa: F401  (torch, transformers, accelerate)

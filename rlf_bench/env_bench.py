@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from rlf_envs.info_keys import TOOL_CALLS
 from rlf_envs.runtime import LoopThread
 
 LATENCY_MODULE = "rlf_envs.servers.latency"
@@ -152,35 +153,8 @@ def run_env_bench(settings: BenchSettings) -> dict[str, Any]:
             autoreset_mode="Disabled",
         )
         try:
-            envs.reset(seed=0)
-            envs.step([action] * settings.num_envs)  # warm-up: sessions, caches, first-call costs
-            latencies: list[float] = []
-            errors = 0
-            env_walls = []
-            for _ in range(settings.repeats):
-                started = time.perf_counter()
-                for _ in range(settings.steps):
-                    _, _, _, _, infos = envs.step([action] * settings.num_envs)
-                    for records in infos["tool_calls"]:
-                        latencies += [r["latency_s"] for r in records]
-                        errors += sum(1 for r in records if not r["ok"])
-                env_walls.append(time.perf_counter() - started)
-
-            envs.reset(seed=0)
-            vec = envs.unwrapped
-            seq_calls = min(settings.sequential_calls, settings.num_envs * settings.steps)
-            driver = LoopThread("rlf-bench-sequential")
-            try:
-
-                async def sequential() -> float:
-                    begin = time.perf_counter()
-                    for k in range(seq_calls):
-                        await vec.astep_one(k % settings.num_envs, action)
-                    return time.perf_counter() - begin
-
-                seq_measured = driver.run(sequential())
-            finally:
-                driver.close()
+            env_walls, latencies, errors = _vector_steps(envs, action, settings)
+            seq_measured, seq_calls = _sequential_steps(envs, action, settings)
         finally:
             envs.close()
         floor_wall = LoopThread("rlf-bench-floor")
@@ -188,11 +162,58 @@ def run_env_bench(settings: BenchSettings) -> dict[str, Any]:
             sdk_walls = floor_wall.run(_sdk_floor(config, settings))
         finally:
             floor_wall.close()
+    return _figures(settings, env_walls, latencies, errors, seq_measured / seq_calls, seq_calls, sdk_walls)
 
+
+def _vector_steps(envs: Any, action: str, settings: BenchSettings) -> tuple[list[float], list[float], int]:
+    """The vector env's wall per repeat of ``steps`` batched steps, every call's latency, the failed calls."""
+    envs.reset(seed=0)
+    envs.step([action] * settings.num_envs)  # warm-up: sessions, caches, first-call costs
+    latencies: list[float] = []
+    errors = 0
+    env_walls = []
+    for _ in range(settings.repeats):
+        started = time.perf_counter()
+        for _ in range(settings.steps):
+            _, _, _, _, infos = envs.step([action] * settings.num_envs)
+            for records in infos[TOOL_CALLS]:
+                latencies += [r["latency_s"] for r in records]
+                errors += sum(1 for r in records if not r["ok"])
+        env_walls.append(time.perf_counter() - started)
+    return env_walls, latencies, errors
+
+
+def _sequential_steps(envs: Any, action: str, settings: BenchSettings) -> tuple[float, int]:
+    """The wall of ``sequential_calls`` env steps one after another (no overlap), and how many ran."""
+    envs.reset(seed=0)
+    vec = envs.unwrapped
+    seq_calls = min(settings.sequential_calls, settings.num_envs * settings.steps)
+    driver = LoopThread("rlf-bench-sequential")
+    try:
+
+        async def sequential() -> float:
+            begin = time.perf_counter()
+            for k in range(seq_calls):
+                await vec.astep_one(k % settings.num_envs, action)
+            return time.perf_counter() - begin
+
+        return driver.run(sequential()), seq_calls
+    finally:
+        driver.close()
+
+
+def _figures(
+    settings: BenchSettings,
+    env_walls: list[float],
+    latencies: list[float],
+    errors: int,
+    seq_step_s: float,
+    seq_calls: int,
+    sdk_walls: list[float],
+) -> dict[str, Any]:
     env_wall, sdk_wall = float(np.median(env_walls)), float(np.median(sdk_walls))
-
     total_steps = settings.num_envs * settings.steps
-    seq_wall = seq_measured / seq_calls * total_steps
+    seq_wall = seq_step_s * total_steps
     ideal_wall = settings.steps * settings.latency_ms / 1000
     lat = np.asarray(latencies) * 1000 if latencies else np.zeros(1)
     return {

@@ -10,7 +10,9 @@ Parts, each timed and reported on its own (a part that fails records its error a
    ``sampler_kl`` (~0 after a sync means the engine got the trained weights).
 3. ``rollout``: lockstep vs async rollout on ``RLF/DeepSearch-v0`` (every turn is a real BM25
    search, whatever a random model wrote): episodes/s of both and the ratio.
-4. peak GPU memory (``torch.cuda.max_memory_allocated`` and ``nvidia-smi``).
+4. ``launch``: ``accelerate launch --num_processes 1 examples/train.py`` on tiny_test.yaml with this
+   model, 2 steps: the launcher's start-up path (the one multi-GPU runs take) on the one device.
+5. peak GPU memory (``torch.cuda.max_memory_allocated`` and ``nvidia-smi``).
 
 ``--dry-run`` runs the same code path small: the tiny random Qwen3, few prompts and episodes, on
 whatever vLLM is installed (the CPU build in ``.venv-vllm``); the test suite runs it so the script
@@ -163,6 +165,36 @@ def check_grpo(shape: GPUCheckShape, model: Path, out: Path) -> dict[str, Any]:
     return {"backend": backend, "steps": [{k: r.get(k) for k in keys if k in r} for r in history.records]}
 
 
+def check_launch(shape: GPUCheckShape, model: Path, out: Path) -> dict[str, Any]:
+    """``accelerate launch --num_processes 1 examples/train.py`` (tiny_test.yaml, 2 steps): the launcher's path.
+
+    The same start-up as a multi-GPU launch (launcher environment, :func:`rlf_trainer.distributed.make_accelerator`,
+    the trainer's device placement) on the one device there is, as users start it.
+    """
+    repo = Path(__file__).resolve().parents[1]
+    args = [
+        sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
+        "--mixed_precision", "no", "--dynamo_backend", "no", str(repo / "examples" / "train.py"),
+        "--config", str(repo / "examples" / "configs" / "tiny_test.yaml"), f"model.path={model}",
+        "model.prepare=null", f"logging.dir={out}", "logging.run_name=launch", "logging.progress_bar=false",
+        f"env.kwargs.mcp_servers.mcpServers.latency.command={sys.executable}", "rollout.max_new_tokens=16",
+        "eval.every=0", "checkpoint.every=0", "checkpoint.resume=none",
+    ]  # fmt: skip
+    started = time.perf_counter()
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300, check=False)
+    metrics = out / "launch" / "metrics.jsonl"
+    steps = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    report: dict[str, Any] = {
+        "returncode": done.returncode,
+        "wall_s": time.perf_counter() - started,
+        "steps": [{k: r.get(k) for k in ("step", "time/step", "reward/mean")} for r in steps],
+        "exported_model": (out / "launch" / "model" / "config.json").is_file(),
+    }
+    if done.returncode != 0 or len(steps) != 2:
+        raise RuntimeError(f"accelerate launch failed ({done.returncode}): {done.stderr[-3000:]}")
+    return report
+
+
 class AlwaysSearchParser:
     """Every turn searches: the model's text (its first 64 characters) is the query."""
 
@@ -197,7 +229,7 @@ def check_rollout(shape: GPUCheckShape, model: Path) -> dict[str, Any]:
             t0 = time.perf_counter()
             batch = rollout(envs, policy, prompts, group_size=1, sampling=sampling, max_total_tokens=8192)
             wall = time.perf_counter() - t0
-            rows[mode] = {"wall_s": wall, "episodes_per_s": len(batch) / wall,
+            rows[mode] = {"episodes": len(batch), "wall_s": wall, "episodes_per_s": len(batch) / wall,
                           "tokens_per_s": int(batch.loss_mask.sum()) / wall}  # fmt: skip
     finally:
         envs.close()
@@ -238,6 +270,7 @@ def run_gpu_check(shape: GPUCheckShape, out: Path, log: Callable[[str], None] = 
         "generate": lambda: check_generate(shape, model),
         "grpo": lambda: check_grpo(shape, model, out / "runs"),
         "rollout": lambda: check_rollout(shape, model),
+        "launch": lambda: check_launch(shape, model, out / "runs"),
     }
     for name, part in parts.items():
         t0 = time.perf_counter()
@@ -265,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     shape = GPUCheckShape.dry_run() if args.dry_run else GPUCheckShape()
     report = run_gpu_check(shape, Path(args.out), log=lambda m: print(m, flush=True))
-    failed = [name for name in ("generate", "grpo", "rollout") if "error" in report[name]]
+    failed = [name for name in ("generate", "grpo", "rollout", "launch") if "error" in report[name]]
     print(f"gpu check: {Path(args.out) / 'gpu_check.json'}; failed parts: {failed or 'none'}", flush=True)
     return 1 if failed else 0
 

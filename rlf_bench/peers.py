@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rlf_bench.env_bench import LATENCY_MODULE, BenchSettings, latency_servers, run_env_bench
+from rlf_envs.info_keys import ERRORS
 from rlf_envs.servers.launch import PACKAGE_ROOT, stdio_server_entry
 
 DRIVERS_DIR = Path(__file__).resolve().with_name("peer_drivers")  # shipped inside the package
@@ -198,7 +199,7 @@ def run_ours_async(settings: BenchSettings) -> dict[str, Any]:
                 errors = 0
                 for _ in range(settings.steps):
                     *_, info = await vec.astep_one(i, ACTION)
-                    errors += len(info.get("errors", []))
+                    errors += len(info.get(ERRORS, []))
                 return errors
 
             async def all_episodes() -> tuple[float, int]:
@@ -257,73 +258,63 @@ def run_compare(
     rows: list[dict[str, Any]] = []
     for num_envs in num_envs_list:
         at_n = dataclasses.replace(settings, num_envs=num_envs)
-        say(f"[compare] N={num_envs}: rlf vector env + sequential loop")
-        load = _load_1m()
-        ours_report = run_env_bench(at_n)
-        ours = ours_report["env_steps_per_s"]
-        rows.append(
-            _row(
-                num_envs,
-                OURS,
-                ours,
-                ours,
-                transport=f"{settings.transport} x{settings.replicas}",
-                wall_s=ours_report["env_wall_s"],
-                errors=ours_report["tool_errors"],
-                note="",
-                load_1m=load,
-            )
-        )
-        rows.append(
-            _row(
-                num_envs,
-                SEQUENTIAL,
-                ours_report["sequential_steps_per_s"],
-                ours,
-                transport=f"{settings.transport} x{settings.replicas}",
-                note=f"scaled from {ours_report['sequential_calls_measured']} calls",
-            )
-        )
-        say(f"[compare] N={num_envs}: rlf astep_one")
-        load = _load_1m()
-        ours_async = run_ours_async(at_n)
-        rows.append(
-            _row(
-                num_envs,
-                OURS_ASYNC,
-                ours_async["steps_per_s"],
-                ours,
-                transport=f"{settings.transport} x{settings.replicas}",
-                wall_s=ours_async["wall_s"],
-                errors=ours_async["errors"],
-                note="async API, no step barrier",
-                load_1m=load,
-            )
-        )
+        ours_rows = _our_rows(at_n, say)
+        rows += ours_rows
+        ours = ours_rows[0]["steps_per_s"]
         for name in peers:
             say(f"[compare] N={num_envs}: {name}")
-            started = time.perf_counter()
-            load = _load_1m()
-            result = run_peer(PEERS[name], at_n, venvs_dir=Path(venvs_dir), timeout_s=peer_timeout_s)
-            extra = {
-                k: result[k]
-                for k in ("version", "wall_s", "setup_s", "errors", "tool_layout", "error")
-                if k in result
-            }
-            rows.append(
-                _row(
-                    num_envs,
-                    name,
-                    None if "error" in result else result.get("steps_per_s"),
-                    ours,
-                    transport=result.get("transport", ""),
-                    note=result.get("note", ""),
-                    run_s=time.perf_counter() - started,
-                    load_1m=load,
-                    **extra,
-                )
-            )
+            rows.append(_peer_row(name, at_n, ours, Path(venvs_dir), peer_timeout_s))
     return {"settings": dataclasses.asdict(settings), "machine": machine_info(), "rows": rows}
+
+
+def _our_rows(settings: BenchSettings, say: Callable[[str], None]) -> list[dict[str, Any]]:
+    """The rows of our vector env (first), the sequential loop and ``astep_one`` at ``settings.num_envs``."""
+    num_envs = settings.num_envs
+    transport = f"{settings.transport} x{settings.replicas}"
+    say(f"[compare] N={num_envs}: rlf vector env + sequential loop")
+    load = _load_1m()
+    report = run_env_bench(settings)
+    ours = report["env_steps_per_s"]
+    rows = [
+        _row(num_envs, OURS, ours, ours, transport=transport, wall_s=report["env_wall_s"],
+             errors=report["tool_errors"], note="", load_1m=load),
+        _row(num_envs, SEQUENTIAL, report["sequential_steps_per_s"], ours, transport=transport,
+             note=f"scaled from {report['sequential_calls_measured']} calls"),
+    ]  # fmt: skip
+    say(f"[compare] N={num_envs}: rlf astep_one")
+    load = _load_1m()
+    ours_async = run_ours_async(settings)
+    rows.append(
+        _row(num_envs, OURS_ASYNC, ours_async["steps_per_s"], ours, transport=transport,
+             wall_s=ours_async["wall_s"], errors=ours_async["errors"], note="async API, no step barrier",
+             load_1m=load)
+    )  # fmt: skip
+    return rows
+
+
+def _peer_row(
+    name: str, settings: BenchSettings, ours: float, venvs_dir: Path, timeout_s: float
+) -> dict[str, Any]:
+    """Peer ``name``'s row at ``settings.num_envs`` (its error, if it failed), relative to ``ours``."""
+    started = time.perf_counter()
+    load = _load_1m()
+    result = run_peer(PEERS[name], settings, venvs_dir=venvs_dir, timeout_s=timeout_s)
+    extra = {
+        k: result[k]
+        for k in ("version", "wall_s", "setup_s", "errors", "tool_layout", "error")
+        if k in result
+    }
+    return _row(
+        settings.num_envs,
+        name,
+        None if "error" in result else result.get("steps_per_s"),
+        ours,
+        transport=result.get("transport", ""),
+        note=result.get("note", ""),
+        run_s=time.perf_counter() - started,
+        load_1m=load,
+        **extra,
+    )
 
 
 def machine_info() -> dict[str, Any]:

@@ -12,6 +12,7 @@ and is not timed (unless only one step runs). Samples/s = samples of the timed s
 Example:
     rlf-bench train                           # 2 prompts x 4 generations, 32 tokens, 3 steps
     rlf-bench train --prompts 4 --generations 8 --max-new-tokens 64 --steps 4 --json
+    rlf-bench train --num-processes 2         # ours on 1 vs 2 processes (rlf_bench.scale_bench)
 """
 
 from __future__ import annotations
@@ -148,6 +149,7 @@ def run_rlf(model_dir: str | os.PathLike[str], shape: TrainBenchShape, workdir: 
     return {
         **_throughput(clock.wall, clock.cpu, shape.samples_per_step),
         "reward_mean": [m["reward/mean"] for m in metrics],
+        "tokens_per_step": [m["response_length"] * shape.samples_per_step for m in metrics],
         "phase_s": phases,
     }
 
@@ -285,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
         "--workdir", default=None, help="where runs and the tiny model go (default: a temp dir)"
     )
     parser.add_argument("--json", action="store_true", help="end with one JSON line of all figures")
+    parser.add_argument(
+        "--num-processes", type=int, default=1, help="N > 1: ours on 1 and on N processes, same global batch"
+    )
     args = parser.parse_args(argv)
     if args.steps < 1 or args.max_turns < 1:
         parser.error("--steps and --max-turns must be >= 1")
@@ -296,6 +301,12 @@ def main(argv: list[str] | None = None) -> int:
         max_turns=args.max_turns,
         seed=args.seed,
     )
+    if args.num_processes > 1:
+        from rlf_bench.scale_bench import format_scale_report, run_scale_bench
+
+        scale = run_scale_bench(asdict(shape), args.num_processes, args.model, args.workdir)
+        print(format_scale_report(scale) + (f"\n{json.dumps(scale)}" if args.json else ""), flush=True)
+        return 0
     frameworks = (args.only,) if args.only else ("rlf", "trl")
     if args.threads > 0:
         import torch

@@ -11,7 +11,6 @@ Example:
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from typing import Any
@@ -21,18 +20,9 @@ import numpy as np
 
 import rlf_envs  # noqa: F401  (registers ids)
 from rlf_envs.env import render_transcript
+from rlf_envs.info_keys import MESSAGES
+from rlf_envs.tasks.deepsearch.oracle import oracle_turns
 from rlf_envs.tasks.deepsearch.world import generate_world
-
-
-def search_call(query: str) -> str:
-    return f"<tool_call>{json.dumps({'name': 'search', 'arguments': {'query': query}})}</tool_call>"
-
-
-def oracle_turns(world: Any, question_id: str) -> list[str]:
-    """The oracle's assistant turns: one search per hop, then the answer."""
-    solution = world.solve(question_id)
-    turns = [f"I need to look up {q}.\n{search_call(q)}" for q in solution.queries]
-    return [*turns, f"The documents give the answer.\n<answer>{solution.answer}</answer>"]
 
 
 def play(env: gym.Env, turns: list[str], task_index: int) -> tuple[float, dict[str, Any], str]:
@@ -42,7 +32,7 @@ def play(env: gym.Env, turns: list[str], task_index: int) -> tuple[float, dict[s
         _, reward, terminated, truncated, info = env.step(action)
         if terminated or truncated:
             break
-    return reward, info, render_transcript(info["messages"])
+    return reward, info, render_transcript(info[MESSAGES])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,9 @@
 """ToolEnv: one multi-turn tool-use episode at a time behind Gymnasium's ``Env`` API.
 
+A view of an :class:`~rlf_envs.env_runtime.EnvRuntime` with one episode: the keyword arguments
+(:class:`~rlf_envs.env_runtime.EnvSettings`), the tools' start and close and ``num_tasks`` are
+the runtime's, shared with the vector env. See docs/env_contract.md.
+
 Example:
     >>> import gymnasium as gym, rlf_envs
     >>> env = gym.make("RLF/DeepSearch-v0")                     # doctest: +SKIP
@@ -10,213 +14,97 @@ Example:
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 
-from rlf_envs.dialogue.flags import SimChecks
-from rlf_envs.dialogue.runner import SimulatorRunner
-from rlf_envs.dialogue.simulator import resolve_user_simulator
-from rlf_envs.episode import EpisodeState
-from rlf_envs.runtime import LoopThread
+from rlf_envs.env_runtime import EnvRuntime, EnvSettings, RuntimeView, StepResult
+from rlf_envs.episode import StepOutcome
 from rlf_envs.spaces import UnicodeText
-from rlf_envs.task import Task, split_hidden_arguments
-from rlf_envs.tools.parsers import ToolCallParser, get_parser
-from rlf_envs.tools.toolbox import ToolBox
-from rlf_envs.types import TaskInstance
-
-DEFAULT_MAX_TEXT_LENGTH = 1_000_000
+from rlf_envs.task import Task
 
 
-@dataclass(frozen=True)
-class ToolSettings:
-    """How an env reaches its tools; shared by :class:`ToolEnv` and the vector env."""
-
-    mcp_servers: dict[str, Any] | str | os.PathLike[str] | None = None
-    python_tools: Sequence[Callable[..., Any]] = ()
-    max_result_chars: int | None = 4000
-    max_calls_per_turn: int | None = 16
-    tool_timeout_s: float = 30.0
-
-    def build(self, task: Task) -> ToolBox:
-        """The toolbox for ``task``: its default servers unless overridden, plus extra functions."""
-        servers = self.mcp_servers if self.mcp_servers is not None else task.mcp_config()
-        return ToolBox(
-            mcp_servers=servers,
-            python_tools=[*task.python_tools(), *self.python_tools],
-            max_result_chars=self.max_result_chars,
-            max_calls_per_turn=self.max_calls_per_turn,
-            default_timeout_s=self.tool_timeout_s,
-        )
-
-    def reset_info(self, task: Task) -> dict[str, Any]:
-        """What :meth:`Task.env_info` adds to reset infos: only while the task's own servers run."""
-        return dict(task.env_info()) if self.mcp_servers is None else {}
-
-
-def build_user_simulator(
-    task: Task, spec: Any = None, checks: SimChecks | Mapping[str, Any] | bool | None = None,
-    timeout_s: float = 120.0,
-) -> SimulatorRunner | None:  # fmt: skip
-    """The env's user simulator: ``spec`` (None: the task's default; False: none) with its checks.
-
-    ``checks``: a :class:`SimChecks`, a dict of its fields, True/None (the defaults) or False (off).
-
-    Example:
-        >>> from rlf_envs.task import FunctionTask
-        >>> task = FunctionTask("t", [], lambda ep: 0.0)
-        >>> build_user_simulator(task) is None, type(build_user_simulator(task, lambda r: "ok")).__name__
-        (True, 'SimulatorRunner')
-    """
-    simulator = resolve_user_simulator(task.default_user_simulator() if spec is None else spec)
-    if simulator is None:
-        return None
-    if checks is None or checks is True:
-        checks = SimChecks()
-    elif checks is False:
-        checks = SimChecks(enabled=False)
-    elif isinstance(checks, Mapping):
-        checks = SimChecks(**dict(checks))
-    return SimulatorRunner(simulator, checks, timeout_s=timeout_s)
-
-
-def pick_instance(task: Task, split: str, index: int | None, rng: Any) -> TaskInstance:
-    """The instance at ``index`` of ``split`` (wrapping around), or one drawn with ``rng``."""
-    instances = task.instances(split)
-    if not instances:
-        raise ValueError(f"task {task.name!r} has no instances in split {split!r}")
-    if index is None:
-        index = int(rng.integers(len(instances)))
-    return instances[int(index) % len(instances)]
-
-
-class ToolEnv(gym.Env[str, str]):
+class ToolEnv(RuntimeView, gym.Env[str, str]):
     """A text env: observations are prompts / tool results, actions are assistant turns.
 
-    Tools start lazily on the first ``reset`` and live until ``close``. See docs/env_contract.md.
+    ``ToolEnv(task, *, split="train", render_mode=None, **settings)``: ``settings`` are the fields
+    of :class:`~rlf_envs.env_runtime.EnvSettings` (``mcp_servers``, ``max_turns``, ``parser``, ...).
+    Tools start lazily on the first ``reset`` and live until ``close``.
     """
 
     metadata = {"render_modes": ["ansi"]}
 
     def __init__(
-        self,
-        task: Task,
-        *,
-        split: str = "train",
-        mcp_servers: dict[str, Any] | str | os.PathLike[str] | None = None,
-        python_tools: Sequence[Callable[..., Any]] = (),
-        parser: str | ToolCallParser = "hermes",
-        max_turns: int | None = None,
-        max_result_chars: int | None = 4000,
-        max_calls_per_turn: int | None = 16,
-        tool_timeout_s: float = 30.0,
-        max_text_length: int = DEFAULT_MAX_TEXT_LENGTH,
-        render_mode: str | None = None,
-        user_simulator: Any = None,
-        sim_checks: SimChecks | Mapping[str, Any] | bool | None = None,
-        sim_timeout_s: float = 120.0,
+        self, task: Task, *, split: str = "train", render_mode: str | None = None, **settings: Any
     ) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(
                 f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}"
             )
-        self.task = task
-        self.split = split
+        env_settings = EnvSettings.from_kwargs("ToolEnv", settings, also=("split", "render_mode"))
+        self.runtime = EnvRuntime(task, 1, env_settings, split=split, name=f"rlf-{task.name}")
         self.render_mode = render_mode
-        self.observation_space = UnicodeText(max_text_length)
-        self.action_space = UnicodeText(max_text_length)
-        self._tool_settings = ToolSettings(
-            mcp_servers, python_tools, max_result_chars, max_calls_per_turn, tool_timeout_s
-        )
-        self._parser = get_parser(parser)
-        self._max_turns = max_turns
-        self._user_simulator = build_user_simulator(task, user_simulator, sim_checks, sim_timeout_s)
-        self._loop: LoopThread | None = None
-        self._toolbox: ToolBox | None = None
-        self._state: EpisodeState | None = None
-
-    def _ensure_started(self) -> EpisodeState:
-        if self._state is None:
-            self._loop = LoopThread(f"rlf-{self.task.name}")
-            toolbox = self._tool_settings.build(self.task)
-            try:
-                self._loop.run(toolbox.start())
-            except BaseException:
-                self._loop.run(toolbox.aclose())
-                self._loop.close()
-                self._loop = None
-                raise
-            self._toolbox = toolbox
-            self._state = EpisodeState(
-                self.task, toolbox, self._parser, max_turns=self._max_turns,
-                user_simulator=self._user_simulator,
-            )  # fmt: skip
-        return self._state
-
-    @property
-    def tools(self) -> list[dict[str, Any]]:
-        """The tools' schemas in OpenAI function format (starts the tools if needed).
-
-        Parameters the task fills in itself (:attr:`Task.hidden_arguments`) are left out.
-        """
-        self._ensure_started()
-        assert self._toolbox is not None
-        return split_hidden_arguments(self._toolbox.openai_tools(), self.task.hidden_arguments)[0]
+        self.observation_space = UnicodeText(env_settings.max_text_length)
+        self.action_space = UnicodeText(env_settings.max_text_length)
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
+        """Start an episode; ``seed`` seeds the draw of its instance (Gymnasium's ``np_random``).
+
+        Args:
+            seed: seeds the env's RNG (the instance drawn when no ``task_index`` is given).
+            options: ``task_index`` (int: that instance of the split), ``split`` (kept for later resets).
+
+        Returns:
+            observation (str): the user prompt.
+            info (dict): ``messages``, ``tools``, ``task_id`` (:mod:`rlf_envs.info_keys`) and the
+            task's ``env_info()``.
+        """
         super().reset(seed=seed)
         options = options or {}
-        state = self._ensure_started()
         self.split = options.get("split", self.split)
-        instance = pick_instance(self.task, self.split, options.get("task_index"), self.np_random)
-        assert self._toolbox is not None
-        obs, info = state.start(instance, self._toolbox.openai_tools())
-        return obs, {**self._tool_settings.reset_info(self.task), **info}
+        return self.runtime.reset_one(0, self.np_random, options.get("task_index"))
 
-    def num_tasks(self, split: str | None = None) -> int:
-        """How many task instances ``split`` (default: the current one) holds."""
-        return len(self.task.instances(split or self.split))
+    def step(self, action: str) -> StepResult:
+        """Apply one assistant turn: run its tool calls, let the user answer, or end and score the episode.
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        if self._state is None or self._loop is None:
-            raise RuntimeError("step() before reset()")
-        outcome = self._loop.run(self._state.step(action))
+        Returns:
+            observation (str): the tool results, the simulated user's reply, or "" at an answer.
+            reward (float): the turn's process reward, or the task's reward on the last step.
+            terminated (bool): the episode ended on its own (an answer, a user stop, a terminating tool).
+            truncated (bool): it was cut (``max_turns``, a failed simulator); still scored.
+            info (dict): the keys of :mod:`rlf_envs.info_keys` that apply (docs/env_contract.md).
+        """
+        outcome = self.runtime.run(self._state_step(action))
         return outcome.obs, outcome.reward, outcome.terminated, outcome.truncated, outcome.info
 
-    async def astep(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    async def astep(self, action: str) -> StepResult:
         """Async ``step`` usable from any event loop."""
-        if self._state is None or self._loop is None:
-            raise RuntimeError("step() before reset()")
-        outcome = await self._loop.arun(self._state.step(action))
+        outcome = await self.runtime.arun(self._state_step(action))
         return outcome.obs, outcome.reward, outcome.terminated, outcome.truncated, outcome.info
+
+    async def _state_step(self, action: str) -> StepOutcome:
+        return await self.runtime.states[0].step(action)
 
     def render(self) -> str | None:
-        if self.render_mode != "ansi" or self._state is None:
+        if self.render_mode != "ansi" or not self.runtime.states:
             return None
-        return render_transcript(self._state.messages)
+        return render_transcript(self.runtime.states[0].messages)
 
     def close(self) -> None:
-        if self._loop is not None and not self._loop.closed:
-            if self._state is not None:
-                self._state.close_episode()
-            if self._toolbox is not None:
-                self._loop.run(self._toolbox.aclose())
-            if self._user_simulator is not None:
-                self._loop.run(self._user_simulator.aclose())
-            self._loop.close()
-        self._loop = None
-        self._toolbox = None
-        self._state = None
+        self.runtime.close()
         super().close()
 
 
 def render_transcript(messages: list[dict[str, Any]]) -> str:
-    """A readable transcript of a chat (what ``render_mode="ansi"`` returns)."""
+    """A readable transcript of a chat (what ``render_mode="ansi"`` returns).
+
+    Example:
+        >>> print(render_transcript([{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]))
+        [user] 2+2?
+        [assistant] 4
+    """
     lines = []
     for message in messages:
         content = message.get("content") or ""

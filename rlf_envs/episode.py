@@ -16,6 +16,7 @@ Example:
     >>> import asyncio
     >>> from rlf_envs.task import FunctionTask
     >>> from rlf_envs.types import TaskInstance
+    >>> from rlf_envs.tools.parsers import get_parser
     >>> from rlf_envs.tools.toolbox import ToolBox
     >>> task = FunctionTask("demo", [TaskInstance("0", "2+2?", "4")],
     ...                     reward_fn=lambda ep: float(ep.final_answer == "4"))
@@ -28,6 +29,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import math
 import traceback
@@ -37,12 +39,29 @@ from typing import Any
 from rlf_envs.answers import extract_answer
 from rlf_envs.dialogue.runner import SimulatorRunner
 from rlf_envs.dialogue.simulator import UserTurnRequest
-from rlf_envs.task import Task, split_hidden_arguments
-from rlf_envs.tools.parsers import ParsedTurn, ToolCallParser, get_parser
+from rlf_envs.info_keys import (
+    ANSWER,
+    ERRORS,
+    MESSAGES,
+    REWARD_INFO,
+    SIM_ERROR,
+    SIM_ERROR_MESSAGE,
+    SIM_RAW,
+    TASK_ID,
+    TASK_METADATA,
+    TOOL_CALLS,
+    TOOL_MESSAGES,
+    TOOLS,
+    TURN_REWARD,
+    USER_MESSAGE,
+    USER_STOP,
+)
+from rlf_envs.task import Task, split_hidden_arguments, user_instructions_for
+from rlf_envs.tools.parsers import ParsedTurn, ToolCallParser
 from rlf_envs.tools.toolbox import ToolBox
-from rlf_envs.types import Episode, ErrorKind, TaskInstance, ToolCall, ToolResult
+from rlf_envs.types import Episode, TaskInstance, ToolCall, ToolResult
 
-__all__ = ["EpisodeState", "StepOutcome", "format_tool_results", "get_parser"]
+__all__ = ["EpisodeState", "StepOutcome", "format_tool_results"]
 
 
 @dataclass
@@ -117,7 +136,8 @@ class EpisodeState:
         self.turns = 0
         self.done = False
         self.last_terminated = self.last_truncated = False
-        info = {"messages": [dict(m) for m in self.messages], "tools": tools, "task_id": instance.id}
+        info = {MESSAGES: [dict(m) for m in self.messages], TOOLS: tools, TASK_ID: instance.id,
+                TASK_METADATA: copy.deepcopy(dict(instance.metadata))}  # fmt: skip
         return prompt, info
 
     async def step(self, action: str) -> StepOutcome:
@@ -150,19 +170,19 @@ class EpisodeState:
         records = [r.record() for r in results]
         self.tool_records.extend(records)
         info: dict[str, Any] = {
-            "tool_messages": tool_messages,
-            "tool_calls": records,
-            "errors": [r.error_kind.value for r in results if r.error_kind is not None],
+            TOOL_MESSAGES: tool_messages,
+            TOOL_CALLS: records,
+            ERRORS: [r.error_kind.value for r in results if r.error_kind is not None],
         }
         obs = format_tool_results(results)
         turn_reward = self._turn_reward(results)
-        info["turn_reward"] = turn_reward
+        info[TURN_REWARD] = turn_reward
         ends = any(r.ok and r.call.name in self.task.terminating_tools for r in results)
         if ends or self.turns >= self.max_turns:
             outcome = await self._finish(action, None, terminated=ends, info=info, obs=obs)
             outcome.reward += turn_reward
             return outcome
-        info["messages"] = [dict(m) for m in self.messages]
+        info[MESSAGES] = [dict(m) for m in self.messages]
         return StepOutcome(obs=obs, reward=turn_reward, terminated=False, truncated=False, info=info)
 
     async def _call_tools(self, calls: list[ToolCall]) -> list[ToolResult]:
@@ -185,18 +205,14 @@ class EpisodeState:
             return await self._finish(action, None, terminated=False, info={})
         request = UserTurnRequest(
             instance=self.instance,
-            instructions=self.task.user_instructions(self.instance),
+            instructions=user_instructions_for(self.task, self.instance),
             messages=[dict(m) for m in self.messages],
             turn=self.user_turns,
         )
         reply = await self.user_simulator.next_turn(request)
         if reply.flag is not None:
             self.sim_error = reply.flag.kind.value
-            info = {
-                "sim_error": self.sim_error,
-                "sim_error_message": reply.flag.message,
-                "sim_raw": reply.raw,
-            }
+            info = {SIM_ERROR: self.sim_error, SIM_ERROR_MESSAGE: reply.flag.message, SIM_RAW: reply.raw}
             obs = f"Error (sim_error {self.sim_error}): {reply.flag.message}"
             return await self._finish(action, None, terminated=False, info=info, obs=obs)
         self.user_turns += 1
@@ -204,15 +220,15 @@ class EpisodeState:
         if reply.stop:
             if reply.text:
                 self.messages.append(user_message)
-            return await self._finish(action, None, terminated=True, info={"user_stop": True})
+            return await self._finish(action, None, terminated=True, info={USER_STOP: True})
         self.messages.append(user_message)
         info: dict[str, Any] = {
-            "user_message": dict(user_message),
-            "tool_messages": [],
-            "tool_calls": [],
-            "errors": [],
-            "turn_reward": 0.0,
-            "messages": [dict(m) for m in self.messages],
+            USER_MESSAGE: dict(user_message),
+            TOOL_MESSAGES: [],
+            TOOL_CALLS: [],
+            ERRORS: [],
+            TURN_REWARD: 0.0,
+            MESSAGES: [dict(m) for m in self.messages],
         }
         return StepOutcome(obs=reply.text, reward=0.0, terminated=False, truncated=False, info=info)
 
@@ -238,7 +254,7 @@ class EpisodeState:
         self.done = True
         self.last_terminated, self.last_truncated = terminated, not terminated
         episode = Episode(
-            task=self.instance,  # type: ignore[arg-type]
+            instance=self.instance,  # type: ignore[arg-type]
             messages=[dict(m) for m in self.messages],
             final_response=action,
             final_answer=answer,
@@ -254,21 +270,9 @@ class EpisodeState:
             reward, reward_info = await self._score(episode)
         finally:
             self.close_episode()
-        info.update(
-            messages=episode.messages,
-            answer=answer,
-            reward_info=reward_info,
-            episode_stats={
-                "turns": self.turns,
-                "tool_calls": len(self.tool_records),
-                "tool_errors": sum(1 for r in self.tool_records if not r["ok"]),
-            },
-        )
-        if self.user_simulator is not None:  # a dialogue episode
-            info["episode_stats"].update(user_turns=self.user_turns, sim_error=self.sim_error)
-        info.setdefault("tool_messages", [])
-        info.setdefault("tool_calls", [])
-        info.setdefault("errors", [])
+        info.update({MESSAGES: episode.messages, ANSWER: answer, REWARD_INFO: reward_info})
+        for key in (TOOL_MESSAGES, TOOL_CALLS, ERRORS):
+            info.setdefault(key, [])
         return StepOutcome(obs=obs, reward=reward, terminated=terminated, truncated=not terminated, info=info)
 
     async def _score(self, episode: Episode) -> tuple[float, dict[str, Any]]:
@@ -295,8 +299,3 @@ class EpisodeState:
             return 0.0, {**info, "reward": 0.0, "reward_error": "reward is NaN"}
         info["reward"] = reward
         return reward, info
-
-
-def error_kinds() -> list[str]:
-    """Every error kind an env can report in ``info["errors"]``."""
-    return [kind.value for kind in ErrorKind]

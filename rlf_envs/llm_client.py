@@ -35,19 +35,29 @@ class ChatErrorKind(enum.StrEnum):
 
 
 class ChatCompletionError(Exception):
-    """A chat completion failed; ``kind`` says how, ``attempts`` how many requests were made."""
+    """A chat completion failed; ``kind`` says how, ``attempts`` how many requests were made.
+
+    ``timed_out``: the last attempt ran out of the client's ``timeout_s`` (an ``unavailable`` error
+    that callers with a time limit of their own report as a timeout).
+    """
 
     def __init__(
-        self, kind: ChatErrorKind, message: str, *, attempts: int, status: int | None = None
-    ) -> None:
+        self, kind: ChatErrorKind, message: str, *, attempts: int, status: int | None = None,
+        timed_out: bool = False,
+    ) -> None:  # fmt: skip
         super().__init__(message)
         self.kind = kind
         self.attempts = attempts
         self.status = status
+        self.timed_out = timed_out
 
 
 class _RetryableError(Exception):
     """An attempt that may succeed if repeated (connection trouble, timeout, 429, 5xx)."""
+
+    def __init__(self, message: str, *, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 def chat_completions_url(base_url: str) -> str:
@@ -183,7 +193,7 @@ class OpenAIChatClient:
         payload = {"model": self.model, "messages": messages, "max_tokens": max_tokens,
                    "temperature": temperature, "n": 1, **extra}  # fmt: skip
         client = await self._client()
-        last_error = ""
+        last_error, timed_out = "", False
         for attempt in range(self.retries + 1):
             if attempt:
                 self.stats.retries += 1
@@ -193,7 +203,7 @@ class OpenAIChatClient:
                     self.stats.attempts += 1
                     completion = await self._attempt(client.session, payload, attempt + 1)
             except _RetryableError as exc:
-                last_error = str(exc)
+                last_error, timed_out = str(exc), exc.timed_out
                 continue
             except ChatCompletionError:
                 self.stats.failures += 1
@@ -205,6 +215,7 @@ class OpenAIChatClient:
             ChatErrorKind.UNAVAILABLE,
             f"{self.url} failed {self.retries + 1} time(s); last error: {last_error}",
             attempts=self.retries + 1,
+            timed_out=timed_out,
         )
 
     async def _attempt(
@@ -217,7 +228,7 @@ class OpenAIChatClient:
                 body_text = await response.text()
                 status = response.status
         except TimeoutError:
-            raise _RetryableError(f"no reply within {self.timeout_s:g} s") from None
+            raise _RetryableError(f"no reply within {self.timeout_s:g} s", timed_out=True) from None
         except aiohttp.ClientError as exc:
             raise _RetryableError(f"{type(exc).__name__}: {exc}") from None
         if status == 429 or status >= 500:

@@ -20,7 +20,16 @@ from typing import Any
 
 from rlf_envs.types import Episode, RewardFn, RewardValue, TaskInstance
 
-__all__ = ["FunctionTask", "Task", "resolve_reward", "split_hidden_arguments"]
+__all__ = [
+    "DialogueTask",
+    "FunctionTask",
+    "Task",
+    "default_user_simulator_for",
+    "persona_instructions",
+    "resolve_reward",
+    "split_hidden_arguments",
+    "user_instructions_for",
+]
 
 
 class Task:
@@ -38,19 +47,21 @@ class Task:
     # model): e.g. the token of the episode's own database copy.
     hidden_arguments: tuple[str, ...] = ()
 
-    # Subclasses provide their instances per split here (a dict, or a cached property).
-    _splits: Mapping[str, Sequence[TaskInstance]]
+    # Every split's instances by name: subclasses set it (a dict, or a cached property).
+    split_instances: Mapping[str, Sequence[TaskInstance]]
 
     def instances(self, split: str) -> Sequence[TaskInstance]:
+        """The instances of ``split``; a KeyError names the splits there are."""
         try:
-            return self._splits[split]
+            return self.split_instances[split]
         except KeyError:
             raise KeyError(
-                f"task {self.name!r} has no split {split!r}; it has {sorted(self._splits)}"
+                f"task {self.name!r} has no split {split!r}; it has {sorted(self.split_instances)}"
             ) from None
 
     def splits(self) -> list[str]:
-        return list(self._splits)
+        """The names of the task's splits."""
+        return list(self.split_instances)
 
     def user_prompt(self, instance: TaskInstance) -> str:
         return instance.question
@@ -71,18 +82,6 @@ class Task:
         passed (the task knows nothing about those).
         """
         return {}
-
-    def user_instructions(self, instance: TaskInstance) -> str:
-        """The hidden persona/goal a user simulator plays for ``instance``.
-
-        Default: the instance's ``user_instructions`` (a task dict's key), after its ``persona``.
-        """
-        parts = [instance.metadata.get("persona"), instance.metadata.get("user_instructions")]
-        return "\n".join(str(p) for p in parts if p)
-
-    def default_user_simulator(self) -> Any:
-        """The user simulator the env uses when none is passed (default None: no user turns)."""
-        return None
 
     def open_episode(self, instance: TaskInstance) -> dict[str, Any]:
         """Per-episode state for ``instance``: the values of :attr:`hidden_arguments` (default ``{}``)."""
@@ -126,6 +125,45 @@ def split_hidden_arguments(
     return visible, takes
 
 
+class DialogueTask(Task):
+    """A task whose episodes talk with a (simulated) user: the hooks only dialogue tasks have.
+
+    Any env takes ``user_simulator=`` whatever its task; a task that is not a ``DialogueTask``
+    then gets the defaults below (:func:`persona_instructions`, no default simulator).
+    """
+
+    def user_instructions(self, instance: TaskInstance) -> str:
+        """The hidden persona/goal a user simulator plays for ``instance`` (default: :func:`persona_instructions`)."""
+        return persona_instructions(instance)
+
+    def default_user_simulator(self) -> Any:
+        """The user simulator the env uses when none is passed (default None: no user turns)."""
+        return None
+
+
+def persona_instructions(instance: TaskInstance) -> str:
+    """An instance's ``user_instructions`` (a task dict's key), after its ``persona``.
+
+    Example:
+        >>> persona_instructions(TaskInstance("0", "Hi", metadata={"persona": "Ann.", "user_instructions": "Cancel."}))
+        'Ann.\\nCancel.'
+    """
+    parts = [instance.metadata.get("persona"), instance.metadata.get("user_instructions")]
+    return "\n".join(str(p) for p in parts if p)
+
+
+def user_instructions_for(task: Task, instance: TaskInstance) -> str:
+    """What a user simulator plays for ``instance`` of ``task``: the dialogue hook, else the persona."""
+    if isinstance(task, DialogueTask):
+        return task.user_instructions(instance)
+    return persona_instructions(instance)
+
+
+def default_user_simulator_for(task: Task) -> Any:
+    """The task's own user simulator (only a :class:`DialogueTask` has one), or None."""
+    return task.default_user_simulator() if isinstance(task, DialogueTask) else None
+
+
 async def resolve_reward(fn: RewardFn, episode: Episode) -> RewardValue:
     """Call a sync or async reward function and return its value."""
     value = fn(episode)
@@ -151,7 +189,7 @@ class FunctionTask(Task):
     ) -> None:
         self.name = name
         self.tool_success_reward = float(tool_success_reward)
-        self._splits = dict(instances) if isinstance(instances, dict) else {"train": list(instances)}
+        self.split_instances = dict(instances) if isinstance(instances, dict) else {"train": list(instances)}
         self._reward_fn = reward_fn
         if system_prompt is not None:
             self.system_prompt = system_prompt
@@ -160,8 +198,8 @@ class FunctionTask(Task):
         self._python_tools = list(python_tools)
 
     def instances(self, split: str) -> Sequence[TaskInstance]:
-        if split == "test" and "test" not in self._splits and "train" in self._splits:
-            return self._splits["train"]  # a task list without a test split evaluates on its tasks
+        if split == "test" and "test" not in self.split_instances and "train" in self.split_instances:
+            return self.split_instances["train"]  # a task list without a test split evaluates on its tasks
         return super().instances(split)
 
     def mcp_config(self) -> dict[str, Any] | None:

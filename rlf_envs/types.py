@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -130,9 +131,9 @@ class TaskInstance:
 
 @dataclass
 class Episode:
-    """A finished (or truncated) episode, as reward functions see it."""
+    """A finished (or truncated) episode, as reward functions see it: ``instance`` is its question."""
 
-    task: TaskInstance
+    instance: TaskInstance
     messages: list[dict[str, Any]]
     final_response: str
     final_answer: str | None
@@ -145,6 +146,12 @@ class Episode:
     user_turns: int = 0
     sim_error: str | None = None
     episode_args: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def task(self) -> TaskInstance:
+        """Deprecated name of :attr:`instance` (it is a task *instance*); removed in the next release."""
+        warnings.warn("Episode.task is deprecated: use Episode.instance", DeprecationWarning, stacklevel=2)
+        return self.instance
 
 
 RewardValue = float | dict[str, Any]

@@ -1,9 +1,11 @@
 """ToolVectorEnv: N tool-use episodes on one asyncio loop, every tool call of a step in flight at once.
 
-A native ``gymnasium.vector.VectorEnv`` (not N envs behind a sync wrapper): one
-:class:`~rlf_envs.tools.toolbox.ToolBox` (one MCP client pool, its sessions open across steps) serves
-every sub-env, and ``step`` gathers all sub-envs' turns, so tool calls of all envs overlap and the
-rewards of all episodes that end in this step are computed concurrently too.
+A native ``gymnasium.vector.VectorEnv`` (not N envs behind a sync wrapper) over an
+:class:`~rlf_envs.env_runtime.EnvRuntime` with ``num_envs`` episodes: one
+:class:`~rlf_envs.tools.toolbox.ToolBox` (one MCP client pool, its sessions open across steps)
+serves every sub-env, and ``step`` gathers all sub-envs' turns, so tool calls of all envs overlap
+and the rewards of all episodes that end in this step are computed concurrently too. What this
+class adds to the runtime is Gymnasium's vector semantics: per-env seeding, autoreset, batching.
 
 Example:
     >>> import gymnasium as gym, rlf_envs
@@ -15,24 +17,19 @@ Example:
 from __future__ import annotations
 
 import asyncio
-import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from rlf_envs.dialogue.flags import SimChecks
-from rlf_envs.env import DEFAULT_MAX_TEXT_LENGTH, ToolSettings, build_user_simulator, pick_instance
-from rlf_envs.episode import EpisodeState, StepOutcome
-from rlf_envs.runtime import LoopThread
+from rlf_envs.env_runtime import EnvRuntime, EnvSettings, RuntimeView, StepResult
+from rlf_envs.episode import StepOutcome
+from rlf_envs.info_keys import FINAL_INFO, FINAL_OBS, INACTIVE
 from rlf_envs.spaces import UnicodeText
-from rlf_envs.task import Task, split_hidden_arguments
-from rlf_envs.tools.parsers import ToolCallParser, get_parser
-from rlf_envs.tools.toolbox import ToolBox
-
-StepResult = tuple[str, float, bool, bool, dict[str, Any]]
+from rlf_envs.task import Task
 
 
 def _autoreset_mode(mode: AutoresetMode | str) -> AutoresetMode:
@@ -44,8 +41,34 @@ def _autoreset_mode(mode: AutoresetMode | str) -> AutoresetMode:
     raise ValueError(f"unknown autoreset_mode {mode!r}; use one of {[m.value for m in AutoresetMode]}")
 
 
-class ToolVectorEnv(VectorEnv):
-    """``num_envs`` episodes of ``task`` sharing one loop and one toolbox. See docs/env_contract.md."""
+def per_env_seeds(seed: int | Sequence[int | None] | None, num_envs: int) -> list[int | None]:
+    """One seed per env, as Gymnasium's vector envs take them: an int ``s`` gives ``s, s+1, ...``.
+
+    Example:
+        >>> per_env_seeds(7, 3), per_env_seeds([4, None, 2], 3), per_env_seeds(None, 2)
+        ([7, 8, 9], [4, None, 2], [None, None])
+        >>> per_env_seeds([1, 2], 3)
+        Traceback (most recent call last):
+        ValueError: reset(seed=[...]) needs one seed per env: 3 envs, got 2 seeds
+    """
+    if seed is None:
+        return [None] * num_envs
+    if isinstance(seed, int | np.integer):
+        return [int(seed) + i for i in range(num_envs)]
+    seeds = list(seed)
+    if len(seeds) != num_envs:
+        raise ValueError(f"reset(seed=[...]) needs one seed per env: {num_envs} envs, got {len(seeds)} seeds")
+    return [None if s is None else int(s) for s in seeds]
+
+
+class ToolVectorEnv(RuntimeView, VectorEnv):
+    """``num_envs`` episodes of ``task`` sharing one loop and one toolbox. See docs/env_contract.md.
+
+    ``ToolVectorEnv(task, num_envs, *, split="train", autoreset_mode="NextStep", **settings)``:
+    ``settings`` are the fields of :class:`~rlf_envs.env_runtime.EnvSettings`, as for ``ToolEnv``.
+    Env ``i`` draws its instances with an RNG of its own, seeded by ``reset(seed=...)`` (an int
+    ``s`` seeds env i with ``s + i``, a list seeds env i with ``seed[i]``) or ``areset_one(i, seed)``.
+    """
 
     def __init__(
         self,
@@ -53,65 +76,35 @@ class ToolVectorEnv(VectorEnv):
         num_envs: int,
         *,
         split: str = "train",
-        mcp_servers: dict[str, Any] | str | os.PathLike[str] | None = None,
-        python_tools: Sequence[Callable[..., Any]] = (),
-        parser: str | ToolCallParser = "hermes",
-        max_turns: int | None = None,
-        max_result_chars: int | None = 4000,
-        max_calls_per_turn: int | None = 16,
-        tool_timeout_s: float = 30.0,
-        max_text_length: int = DEFAULT_MAX_TEXT_LENGTH,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
-        user_simulator: Any = None,
-        sim_checks: SimChecks | Mapping[str, Any] | bool | None = None,
-        sim_timeout_s: float = 120.0,
+        **settings: Any,
     ) -> None:
-        if num_envs < 1:
-            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-        self.task = task
+        also = ("num_envs", "split", "autoreset_mode")
+        env_settings = EnvSettings.from_kwargs("ToolVectorEnv", settings, also=also)
+        self.runtime = EnvRuntime(task, num_envs, env_settings, split=split, name=f"rlf-vec-{task.name}")
         self.num_envs = num_envs
-        self.split = split
         self.autoreset_mode = _autoreset_mode(autoreset_mode)
         self.metadata = {"autoreset_mode": self.autoreset_mode, "render_modes": []}
-        self.single_observation_space = UnicodeText(max_text_length)
-        self.single_action_space = UnicodeText(max_text_length)
+        self.single_observation_space = UnicodeText(env_settings.max_text_length)
+        self.single_action_space = UnicodeText(env_settings.max_text_length)
         self.observation_space = batch_space(self.single_observation_space, num_envs)
         self.action_space = batch_space(self.single_action_space, num_envs)
-
-        self._loop = LoopThread(f"rlf-vec-{task.name}")
-        settings = ToolSettings(
-            mcp_servers, python_tools, max_result_chars, max_calls_per_turn, tool_timeout_s
-        )
-        self.toolbox: ToolBox = settings.build(task)
-        self._reset_info = settings.reset_info(task)
-        try:
-            self._loop.run(self.toolbox.start())
-        except BaseException:
-            self._loop.run(self.toolbox.aclose())
-            self._loop.close()
-            raise
-        self._all_tools = self.toolbox.openai_tools()  # with the task's hidden arguments
-        self.tools: list[dict[str, Any]] = split_hidden_arguments(self._all_tools, task.hidden_arguments)[0]
-        parser_obj = get_parser(parser)
-        # one simulator (one HTTP client) for every sub-env: a step's user turns overlap on this loop
-        self._user_simulator = build_user_simulator(task, user_simulator, sim_checks, sim_timeout_s)
-        self._states = [
-            EpisodeState(
-                task, self.toolbox, parser_obj, max_turns=max_turns, user_simulator=self._user_simulator
-            )
-            for _ in range(num_envs)
-        ]
+        self.runtime.start()
+        self._rngs: list[np.random.Generator | None] = [None] * num_envs
         self._needs_reset = np.ones(num_envs, dtype=bool)
         self._last: list[StepResult | None] = [None] * num_envs
 
     # ------------------------------------------------------------------ reset
     def reset(
-        self, *, seed: int | Sequence[int] | None = None, options: dict[str, Any] | None = None
+        self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[tuple[str, ...], dict[str, Any]]:
-        """Reset all envs (or those in ``options["reset_mask"]``). See the module docs for options."""
-        if isinstance(seed, Sequence):
-            seed = seed[0] if seed else None
-        super().reset(seed=seed)
+        """Reset all envs (or those in ``options["reset_mask"]``); env i is seeded as the class docs say.
+
+        Options: ``task_indices`` (one instance index per env), ``split``, ``reset_mask``.
+        """
+        seeds = per_env_seeds(seed, self.num_envs)
+        if seed is None or isinstance(seed, int | np.integer):
+            super().reset(seed=None if seed is None else int(seed))
         options = dict(options or {})
         self.split = options.get("split", self.split)
         indices = options.get("task_indices")
@@ -120,16 +113,21 @@ class ToolVectorEnv(VectorEnv):
         mask = np.asarray(options.get("reset_mask", np.ones(self.num_envs, dtype=bool)), dtype=bool)
         infos: dict[str, Any] = {}
         obs = [self._last_obs(i) for i in range(self.num_envs)]
-        for i in np.flatnonzero(mask):
-            index = None if indices is None else indices[i]
-            obs[i], info = self._reset_one(int(i), index)
-            infos = self._add_info(infos, info, int(i))
+        for i in (int(i) for i in np.flatnonzero(mask)):
+            if seeds[i] is not None:
+                self._rngs[i] = seeding.np_random(seeds[i])[0]
+            obs[i], info = self._reset_one(i, None if indices is None else indices[i])
+            infos = self._add_info(infos, info, i)
         return tuple(obs), infos
 
+    def _rng(self, i: int) -> np.random.Generator:
+        rng = self._rngs[i]
+        if rng is None:  # never seeded: fresh entropy, as an unseeded Gymnasium env
+            rng = self._rngs[i] = seeding.np_random()[0]
+        return rng
+
     def _reset_one(self, i: int, index: int | None = None) -> tuple[str, dict[str, Any]]:
-        instance = pick_instance(self.task, self.split, index, self.np_random)
-        obs, info = self._states[i].start(instance, self._all_tools)
-        info = {**self._reset_info, **info}
+        obs, info = self.runtime.reset_one(i, self._rng(i), index)
         self._needs_reset[i] = False
         self._last[i] = (obs, 0.0, False, False, info)
         return obs, info
@@ -145,33 +143,28 @@ class ToolVectorEnv(VectorEnv):
         """Step every env with its action; all tool calls and rewards of the batch run concurrently."""
         if len(actions) != self.num_envs:
             raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")
-        results = self._loop.run(self._step_all(list(actions)))
-        obs, rewards, terminated, truncated = (
-            [],
-            np.zeros(self.num_envs),
-            np.zeros(self.num_envs, bool),
-            np.zeros(self.num_envs, bool),
-        )
+        results = self.runtime.run(self._step_all(list(actions)))
+        rewards = np.zeros(self.num_envs)
+        terminated = np.zeros(self.num_envs, bool)
+        truncated = np.zeros(self.num_envs, bool)
         infos: dict[str, Any] = {}
-        for i, (o, r, term, trunc, info) in enumerate(results):
-            obs.append(o)
-            rewards[i], terminated[i], truncated[i] = r, term, trunc
+        for i, (_, reward, term, trunc, info) in enumerate(results):
+            rewards[i], terminated[i], truncated[i] = reward, term, trunc
             infos = self._add_info(infos, info, i)
-        return tuple(obs), rewards, terminated, truncated, infos
+        return tuple(r[0] for r in results), rewards, terminated, truncated, infos
 
     async def _step_all(self, actions: list[str]) -> list[StepResult]:
         return list(await asyncio.gather(*(self._step_one(i, a) for i, a in enumerate(actions))))
 
     async def _step_one(self, i: int, action: str) -> StepResult:
-        state = self._states[i]
+        state = self.runtime.states[i]
         if self.autoreset_mode is AutoresetMode.NEXT_STEP and self._needs_reset[i]:
             obs, info = self._reset_one(i)
             return obs, 0.0, False, False, info
-        if state.done or state.instance is None:
-            if state.instance is None:
-                raise RuntimeError("step() before reset()")
-            # Disabled autoreset: a finished env stays finished until reset().
-            return "", 0.0, state.last_terminated, state.last_truncated, {"inactive": True}
+        if state.instance is None:
+            raise RuntimeError("step() before reset()")
+        if state.done:  # Disabled autoreset: a finished env stays finished until reset()
+            return "", 0.0, state.last_terminated, state.last_truncated, {INACTIVE: True}
         outcome: StepOutcome = await state.step(action)
         result: StepResult = (
             outcome.obs,
@@ -184,9 +177,8 @@ class ToolVectorEnv(VectorEnv):
             if self.autoreset_mode is AutoresetMode.NEXT_STEP:
                 self._needs_reset[i] = True
             elif self.autoreset_mode is AutoresetMode.SAME_STEP:
-                final_obs, final_info = outcome.obs, outcome.info
                 obs, info = self._reset_one(i)
-                info = {**info, "final_obs": final_obs, "final_info": final_info}
+                info = {**info, FINAL_OBS: outcome.obs, FINAL_INFO: outcome.info}
                 result = (obs, outcome.reward, outcome.terminated, outcome.truncated, info)
         self._last[i] = result
         return result
@@ -195,31 +187,25 @@ class ToolVectorEnv(VectorEnv):
     async def areset_one(
         self, i: int, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
-        """Reset env ``i`` alone (``options["task_index"]`` picks the instance)."""
+        """Reset env ``i`` alone; ``seed`` reseeds env i's RNG only, ``options["task_index"]`` picks the instance."""
+        self._check_index(i)
         if seed is not None:
-            self._np_random = np.random.default_rng(seed)
+            self._rngs[i] = seeding.np_random(seed)[0]
         options = options or {}
         return self._reset_one(i, options.get("task_index"))
 
     async def astep_one(self, i: int, action: str) -> StepResult:
         """Step env ``i`` as soon as its action is ready, from any event loop; no batch barrier."""
+        self._check_index(i)
+        return await self.runtime.arun(self._step_one(i, action))
+
+    def _check_index(self, i: int) -> None:
         if not 0 <= i < self.num_envs:
             raise IndexError(f"env index {i} out of range for {self.num_envs} envs")
-        return await self._loop.arun(self._step_one(i, action))
-
-    def num_tasks(self, split: str | None = None) -> int:
-        """How many task instances ``split`` (default: the current one) holds, for epoch-wise sampling."""
-        return len(self.task.instances(split or self.split))
 
     def messages(self, i: int) -> list[dict[str, Any]]:
         """The chat of env ``i`` so far."""
-        return [dict(m) for m in self._states[i].messages]
+        return self.runtime.messages(i)
 
     def close_extras(self, **kwargs: Any) -> None:
-        if not self._loop.closed:
-            for state in self._states:
-                state.close_episode()
-            self._loop.run(self.toolbox.aclose())
-            if self._user_simulator is not None:
-                self._loop.run(self._user_simulator.aclose())
-            self._loop.close()
+        self.runtime.close()

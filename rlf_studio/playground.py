@@ -18,6 +18,16 @@ from typing import Any
 import gymnasium as gym
 
 import rlf_envs  # noqa: F401  (registers the RLF/* ids)
+from rlf_envs.info_keys import (
+    ERRORS,
+    FINISH_ANSWER,
+    FINISH_MAX_TURNS,
+    MESSAGES,
+    REWARD_INFO,
+    TASK_ID,
+    TOOL_CALLS,
+    TOOLS,
+)
 from rlf_envs.llm_client import OpenAIChatClient
 from rlf_envs.runtime import LoopThread
 from rlf_studio.project import Project
@@ -135,9 +145,9 @@ class EpisodeSession:
         if not 0 <= task_index < count:
             raise PlaygroundError(f"task index must be between 0 and {count - 1}, got {task_index}")
         obs, info = self.env.reset(options={"task_index": int(task_index), "split": split})
-        self.messages, self.tools, self.calls = info["messages"], info["tools"], {}
+        self.messages, self.tools, self.calls = info[MESSAGES], info[TOOLS], {}
         self.done, self.total_reward, self.question = False, 0.0, obs
-        self.task_id, self.reward_info, self.finish_reason = str(info.get("task_id", task_index)), {}, ""
+        self.task_id, self.reward_info, self.finish_reason = str(info.get(TASK_ID, task_index)), {}, ""
         names = ", ".join(t["function"]["name"] for t in self.tools) or "none"
         return f"episode started on task {task_index} (tools: {names}); type the assistant's first turn"
 
@@ -145,18 +155,18 @@ class EpisodeSession:
         if self.done:
             raise PlaygroundError("no episode is running: press New episode")
         _, reward, terminated, truncated, info = self.env.step(action)
-        self.messages = info["messages"]
-        self.calls.update({c["id"]: c for c in info.get("tool_calls", [])})
+        self.messages = info[MESSAGES]
+        self.calls.update({c["id"]: c for c in info.get(TOOL_CALLS, [])})
         self.total_reward += float(reward)
-        errors = ", ".join(info.get("errors") or []) or "none"
+        errors = ", ".join(info.get(ERRORS) or []) or "none"
         if terminated or truncated:
             self.done = True
-            self.reward_info = dict(info.get("reward_info") or {})
-            self.finish_reason = "answer" if terminated else "max_turns"
+            self.reward_info = dict(info.get(REWARD_INFO) or {})
+            self.finish_reason = FINISH_ANSWER if terminated else FINISH_MAX_TURNS
             how = "answered" if terminated else "truncated (max turns)"
-            details = json.dumps(info.get("reward_info", {}), default=str)
+            details = json.dumps(info.get(REWARD_INFO, {}), default=str)
             return f"episode {how}: final reward **{self.total_reward:.3f}** ({details}); errors this turn: {errors}"
-        return f"{len(info.get('tool_calls', []))} tool call(s), errors: {errors}; your turn"
+        return f"{len(info.get(TOOL_CALLS, []))} tool call(s), errors: {errors}; your turn"
 
     def model_turn(self, base_url: str, model: str, max_tokens: int = 512) -> str:
         """Ask an OpenAI-compatible endpoint for the next assistant turn (the text is returned)."""

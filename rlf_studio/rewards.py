@@ -159,7 +159,7 @@ def build_reward(spec: dict[str, Any]) -> Callable[[Episode], Any]:
 def sample_episode(question: str, gold: Any, response: str) -> Episode:
     """A one-turn episode that answered ``response``, for previews."""
     return Episode(
-        TaskInstance(id="preview", question=question, answer=gold),  # positional: Episode.task / .instance
+        instance=TaskInstance(id="preview", question=question, answer=gold),
         messages=[{"role": "user", "content": question}, {"role": "assistant", "content": response}],
         final_response=response,
         final_answer=extract_answer(response),

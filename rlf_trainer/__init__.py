@@ -4,7 +4,7 @@ Imports torch, transformers and accelerate (vLLM only inside :mod:`rlf_trainer.p
 uses :mod:`rlf_envs` only through the Gymnasium API. Submodules are imported on demand so that
 ``rlf-models`` and ``import rlf_trainer.losses`` stay light:
 
-    >>> from rlf_trainer.advantages import group_advantages
+    >>> from rlf_trainer.advantages import turn_advantages
     >>> from rlf_trainer.losses import policy_loss
     >>> from rlf_trainer.policy import HFPolicy, SamplingParams
     >>> from rlf_trainer.models import build_tiny_qwen3, prepare_smollm2

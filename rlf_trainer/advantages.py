@@ -2,12 +2,14 @@
 
 An episode's env may reward any step, not only the last (a successful tool call, a sub-goal):
 ``batch.turn_rewards[i][k]`` is the reward of episode ``i``'s generated turn ``k`` and
-``batch.turn_spans[i][k]`` its token columns. :func:`token_advantages` turns them into one
-advantage per token, by ``algorithm.turn_rewards``:
+``batch.turn_spans[i][k]`` its token columns. :func:`turn_advantages` turns them into one
+advantage per turn, by ``algorithm.turn_rewards``, and :func:`spread_over_tokens` puts each on its
+turn's tokens:
 
 - ``sum`` (the default): the episode's return ``R_i = sum_k r_ik`` gets one group-relative
-  advantage (:func:`group_advantages`) that every token of the episode shares. With rewards only at
-  the end this is plain GRPO.
+  advantage that every token of the episode shares. With rewards only at the end this is plain
+  GRPO, ``A_i = (R_i - mean_g R) / (std_g R + eps)`` (unbiased std, as TRL and verl), or Dr.
+  GRPO's ``A_i = R_i - mean_g R`` without ``normalize_std``.
 - ``discounted``: the tokens of turn ``k`` get the return-to-go ``G_ik = sum_{j>=k} gamma^(j-k) r_ij``
   minus the group's mean discounted return ``mean_g G_g0`` (divided by its std when normalising):
   a turn is credited with what came after it, against the same baseline for all turns.
@@ -17,11 +19,9 @@ advantage per token, by ``algorithm.turn_rewards``:
 
 Example:
     >>> import torch
-    >>> adv = group_advantages(torch.tensor([1.0, 0.0, 1.0, 1.0]), group_size=2)
-    >>> [round(a, 3) for a in adv.tolist()]
+    >>> adv = turn_advantages([[1.0], [0.0], [1.0], [1.0]], group_size=2, mode="sum")
+    >>> [round(a[0], 3) for a in adv]
     [0.707, -0.707, 0.0, 0.0]
-    >>> zero_variance_groups(torch.tensor([1.0, 0.0, 1.0, 1.0]), group_size=2).tolist()
-    [False, True]
     >>> returns_to_go([0.1, 0.0, 1.0], discount=0.5)
     [0.35, 0.5, 1.0]
 """
@@ -30,56 +30,15 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from typing import Literal
 
 import torch
 from torch import Tensor
 
-TurnRewardMode = Literal["sum", "discounted", "per_turn_advantage"]
-TURN_REWARD_MODES: tuple[str, ...] = ("sum", "discounted", "per_turn_advantage")
-
-
-def _grouped(rewards: Tensor, group_size: int) -> Tensor:
-    if group_size < 1 or rewards.numel() % group_size:
-        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
-    return rewards.reshape(-1, group_size).to(torch.promote_types(rewards.dtype, torch.float32))
-
-
-def group_advantages(
-    rewards: Tensor, group_size: int, *, normalize_std: bool = True, eps: float = 1e-6
-) -> Tensor:
-    """Group-relative advantages, in the shape of ``rewards`` (``[B*G]`` or ``[B, G]``).
-
-    GRPO:     ``A_i = (r_i - mean_g(r)) / (std_g(r) + eps)``  (``normalize_std=True``)
-    Dr. GRPO: ``A_i =  r_i - mean_g(r)``                      (``normalize_std=False``)
-
-    ``std`` is the unbiased (Bessel) group standard deviation, as TRL and verl use; a group of
-    one sample has advantage 0. A group whose rewards are all equal gets advantage 0 either way.
-
-    Example:
-        >>> group_advantages(torch.tensor([[2.0, 0.0]]), 2, normalize_std=False).tolist()
-        [[1.0, -1.0]]
-    """
-    grouped = _grouped(rewards, group_size)
-    centered = grouped - grouped.mean(dim=1, keepdim=True)
-    if normalize_std and group_size > 1:
-        centered = centered / (grouped.std(dim=1, keepdim=True) + eps)
-    return centered.reshape(rewards.shape)
-
-
-def zero_variance_groups(rewards: Tensor, group_size: int, *, atol: float = 0.0) -> Tensor:
-    """``bool[num_groups]``: True where every reward of the group is equal (within ``atol``).
-
-    Such a group has zero advantage everywhere and carries no gradient; DAPO's dynamic sampling
-    drops it and samples more prompts instead.
-    """
-    grouped = _grouped(rewards, group_size)
-    spread = grouped.max(dim=1).values - grouped.min(dim=1).values
-    return spread <= atol
+from rlf_trainer.names import TURN_REWARD_MODES, TurnRewardMode
 
 
 def overlong_penalty(lengths: Tensor, max_len: int, cache_len: int) -> Tensor:
-    """DAPO's soft overlong punishment, added to the reward of each response.
+    """DAPO's soft overlong punishment, added to the reward of each response (``algorithm.overlong_buffer``).
 
     With ``L_max = max_len`` and ``L_cache = cache_len``::
 
@@ -116,8 +75,8 @@ def returns_to_go(rewards: Sequence[float], discount: float) -> list[float]:
 
 def _normalized(value: float, others: Sequence[float], normalize_std: bool, eps: float) -> float:
     """``value`` against the group ``others`` (it included): centred, and scaled by the unbiased std."""
-    if len(others) < 2:
-        return 0.0
+    if len(others) < 2 or max(others) == min(others):
+        return 0.0  # equal rewards: no signal (fmean's rounding would otherwise leak through a tiny std)
     centred = value - statistics.fmean(others)
     return centred / (statistics.stdev(others) + eps) if normalize_std else centred
 
@@ -170,30 +129,6 @@ def turn_advantages(
                 advantage = _normalized(g[0] if g else 0.0, episode_returns, normalize_std, eps)
                 out.append([advantage] * len(g))
     return out
-
-
-def token_advantages(
-    turn_rewards: Sequence[Sequence[float]],
-    turn_spans: Sequence[Sequence[tuple[int, int]]],
-    width: int,
-    group_size: int,
-    *,
-    mode: TurnRewardMode,
-    discount: float = 1.0,
-    normalize_std: bool = True,
-    valid: Sequence[bool] | None = None,
-) -> Tensor:
-    """``[N, width]``: each generated token carries its turn's advantage (0 on every other token).
-
-    Example:
-        >>> token_advantages([[0.0, 1.0], [0.0]], [[(1, 2), (3, 5)], [(1, 3)]], 5, 2,
-        ...                  mode="per_turn_advantage", normalize_std=False).tolist()
-        [[0.0, 0.5, 0.0, 0.0, 0.0], [0.0, -0.5, -0.5, 0.0, 0.0]]
-    """
-    per_turn = turn_advantages(
-        turn_rewards, group_size, mode=mode, discount=discount, normalize_std=normalize_std, valid=valid
-    )
-    return spread_over_tokens(per_turn, turn_spans, width)
 
 
 def spread_over_tokens(

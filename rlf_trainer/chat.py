@@ -111,9 +111,7 @@ def plain_messages(messages: list[Message], tools: list[dict[str, Any]] | None) 
             out.append({"role": "system", "content": block})
     for message in messages:
         if message["role"] == "assistant" and message.get("tool_calls"):
-            calls = "\n".join(_tool_call_block(call) for call in message["tool_calls"])
-            content = message.get("content") or ""
-            out.append({"role": "assistant", "content": f"{content}\n{calls}" if content else calls})
+            out.append({"role": "assistant", "content": assistant_text(message)})
         elif message["role"] == "tool":
             block = f"<tool_response>\n{message['content']}\n</tool_response>"
             if out and out[-1].get("_tool_turn"):
@@ -123,6 +121,27 @@ def plain_messages(messages: list[Message], tools: list[dict[str, Any]] | None) 
         else:
             out.append({"role": message["role"], "content": message.get("content") or ""})
     return [{k: v for k, v in m.items() if k != "_tool_turn"} for m in out]
+
+
+def assistant_text(message: Message) -> str:
+    """An assistant message as the text a model writes: its content, then a ``<tool_call>`` block per call.
+
+    The env stores a turn as ``content`` (the prose) plus parsed ``tool_calls``; this is the
+    canonical text of that turn, the one the SFT stage trains on (:mod:`rlf_trainer.sft_data`).
+
+    Example:
+        >>> print(assistant_text({"role": "assistant", "content": "Let me look.",
+        ...     "tool_calls": [{"function": {"name": "search", "arguments": {"query": "x"}}}]}))
+        Let me look.
+        <tool_call>
+        {"name": "search", "arguments": {"query": "x"}}
+        </tool_call>
+    """
+    content = message.get("content") or ""
+    if not message.get("tool_calls"):
+        return content
+    calls = "\n".join(_tool_call_block(call) for call in message["tool_calls"])
+    return f"{content}\n{calls}" if content else calls
 
 
 def _tool_call_block(call: dict[str, Any]) -> str:

@@ -20,7 +20,8 @@ from rlf_trainer.config import ConfigError, load_config
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse ``--config`` and overrides, train, print where the run went; 2 on a bad config."""
+    """Parse ``--config`` and overrides, train, print where the run went; 2 on a bad config,
+    3 when the prompt does not fit the budget or a ``health.fail_on`` check trips."""
     parser = argparse.ArgumentParser(
         prog="rlf-train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -33,10 +34,16 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError) as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
+    from rlf_trainer.budget import PromptBudgetError
+    from rlf_trainer.health import HealthCheckFailed
     from rlf_trainer.trainer import GRPOTrainer  # torch & co. load after the config is known to be good
 
-    trainer = GRPOTrainer(config)
-    history = trainer.train()
+    try:
+        trainer = GRPOTrainer(config)
+        history = trainer.train()
+    except (PromptBudgetError, HealthCheckFailed) as exc:
+        print(f"rlf-train: {exc}", file=sys.stderr)
+        return 3
     if not trainer.accelerator.is_main_process:
         return 0
     last = history.records[-1] if history.records else {}

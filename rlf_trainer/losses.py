@@ -8,10 +8,13 @@ sequence (``[B]``) or per token (``[B, T]``).
 Notation: ``logp = log pi_theta(token)``, ``old_logp = log pi_old(token)`` (the policy that sampled),
 ``ref_logp = log pi_ref(token)``; the importance ratio is ``r = exp(logp - old_logp)``.
 
-Every loss takes the same optional extras: ``ref_logp``, ``beta`` and ``kl_estimator`` add the KL
-penalty to the reference model (one implementation, :func:`kl_penalty`, aggregated like the
-variant's own surrogate), and ``token_weights`` multiplies each token's surrogate by a fixed
-importance weight (the truncated sampler correction of :func:`truncated_importance_weights`).
+A loss is two calls: :func:`loss_terms` gives the per-token (GSPO: per-sequence) terms of a
+variant, the clipped surrogate plus ``beta`` times the KL to the reference model, and
+:func:`aggregate` reduces them with the variant's normaliser (:class:`Normaliser`). The trainer
+computes the normaliser once per optimizer step over every micro-batch of every process, so the
+micro-batch losses add up to the loss of the whole batch; :func:`policy_loss` is both calls on one
+batch. There is one KL implementation, :func:`masked_kl`, used for the penalty, for
+``approx_kl_old`` and for ``sampler_kl``.
 
 The advantages themselves (group baselines, turn rewards) are in :mod:`rlf_trainer.advantages`.
 
@@ -25,13 +28,13 @@ Example:
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-LossVariant = Literal["grpo", "dr_grpo", "dapo", "gspo"]
-KLEstimatorName = Literal["k1", "k2", "k3"]
+from rlf_trainer.names import KLEstimatorName, LossName
+
 Metrics = dict[str, Tensor]
 
 # ----------------------------------------------------------------------------------------------
@@ -78,56 +81,33 @@ def token_entropy(logits: Tensor) -> Tensor:
 #   k1 = -log rho                   unbiased, high variance, can be negative
 #   k2 = 0.5 * (log rho)^2          biased (low), low variance, >= 0
 #   k3 = (rho - 1) - log rho        unbiased, low variance, >= 0   (GRPO's choice)
+KL_ESTIMATORS = {
+    "k1": lambda log_rho: -log_rho,
+    "k2": lambda log_rho: 0.5 * log_rho**2,
+    "k3": lambda log_rho: torch.exp(log_rho) - 1 - log_rho,
+}
 
 
-def kl_k1(logp: Tensor, ref_logp: Tensor) -> Tensor:
-    """Per-token ``k1 = log pi - log pi_ref`` estimator of KL(pi || pi_ref)."""
-    return logp - ref_logp
+def masked_kl(logp: Tensor, other_logp: Tensor, mask: Tensor, estimator: KLEstimatorName = "k3") -> Tensor:
+    """Per-token estimate of KL(pi || pi_other) on tokens sampled from pi; 0 where ``mask`` is 0.
 
-
-def kl_k2(logp: Tensor, ref_logp: Tensor) -> Tensor:
-    """Per-token ``k2 = 0.5 * (log pi_ref - log pi)^2`` estimator of KL(pi || pi_ref)."""
-    return 0.5 * (ref_logp - logp) ** 2
-
-
-def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
-    """Per-token ``k3 = pi_ref/pi - 1 - log(pi_ref/pi)`` estimator of KL(pi || pi_ref) (GRPO's).
+    The one KL of the trainer: the penalty (``other`` = the reference model), ``approx_kl_old``
+    (KL(pi_old || pi): ``logp`` = old, ``other`` = current) and ``sampler_kl``.
 
     Example:
-        >>> kl_k3(torch.tensor([0.0]), torch.tensor([0.0])).tolist()
-        [0.0]
+        >>> lp = torch.zeros(1, 2); mask = torch.tensor([[1.0, 0.0]])
+        >>> masked_kl(lp, lp - 1.0, mask, "k1").tolist(), masked_kl(lp, lp + 50, mask, "k3")[0, 1].item()
+        ([[1.0, 0.0]], 0.0)
     """
-    log_rho = ref_logp - logp
-    return torch.exp(log_rho) - 1 - log_rho
-
-
-KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
-
-
-# ----------------------------------------------------------------------------------------------
-# Aggregation over masked tokens
-# ----------------------------------------------------------------------------------------------
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {sorted(KL_ESTIMATORS)}")
+    return KL_ESTIMATORS[estimator](-_masked_log_ratio(logp, other_logp, mask))
 
 
 def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
     """Mean of ``values`` over positions where ``mask`` is 1 (0 when the mask is empty)."""
     mask = mask.to(values.dtype)
     return (values * mask).sum() / mask.sum().clamp(min=1)
-
-
-def seq_mean_token_mean(values: Tensor, mask: Tensor) -> Tensor:
-    """Mean over each sequence's masked tokens, then mean over sequences (GRPO's ``1/G sum_i 1/|o_i| sum_t``).
-
-    A sequence without any masked token counts as 0 (it still weighs in the batch mean).
-    """
-    mask = mask.to(values.dtype)
-    per_sequence = (values * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)
-    return per_sequence.mean()
-
-
-def token_sum_over_constant(values: Tensor, mask: Tensor, max_len: int) -> Tensor:
-    """Sum over all masked tokens / (B * max_len): Dr. GRPO's length-unbiased aggregation."""
-    return (values * mask.to(values.dtype)).sum() / (values.shape[0] * max_len)
 
 
 def _masked_log_ratio(logp: Tensor, other_logp: Tensor, mask: Tensor) -> Tensor:
@@ -139,53 +119,10 @@ def _masked_log_ratio(logp: Tensor, other_logp: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask > 0, logp - other_logp, torch.zeros_like(logp))
 
 
-def _per_token_advantages(advantages: Tensor, like: Tensor) -> Tensor:
-    return advantages.unsqueeze(-1).expand_as(like) if advantages.dim() == 1 else advantages
-
-
-def _clip_metrics(ratio: Tensor, adv: Tensor, mask: Tensor, eps_low: float, eps_high: float) -> Metrics:
-    """Diagnostics against the sampling policy (no gradient).
-
-    ``clip_fraction``: tokens whose gradient the clip removes (ratio above ``1+eps_high`` with a
-    positive advantage, or below ``1-eps_low`` with a negative one).
-    """
-    with torch.no_grad():
-        clipped = ((ratio > 1 + eps_high) & (adv > 0)) | ((ratio < 1 - eps_low) & (adv < 0))
-        return {"clip_fraction": masked_mean(clipped.float(), mask), "ratio_mean": masked_mean(ratio, mask)}
-
-
 def approx_kl(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
-    """k3 estimate of KL(pi_old || pi) on the sampled tokens (CleanRL's ``approx_kl``), no gradient.
-
-    The trainer's ``sampler_kl`` is this with the sampler's recorded logprobs as ``old_logp``.
-    """
+    """k3 estimate of KL(pi_old || pi) on the sampled tokens (CleanRL's ``approx_kl``), no gradient."""
     with torch.no_grad():
-        log_ratio = _masked_log_ratio(logp, old_logp, mask)
-        return masked_mean(torch.exp(log_ratio) - 1 - log_ratio, mask)
-
-
-def kl_penalty(
-    logp: Tensor, ref_logp: Tensor | None, beta: float, mask: Tensor, estimator: KLEstimatorName = "k3"
-) -> tuple[Tensor, Metrics]:
-    """Per-token ``beta * KL`` to the reference model with the chosen estimator; metric ``kl``.
-
-    Zeros (and no metric) when ``beta == 0``: no reference model is needed then. Untrained
-    positions count 0 (their ``ref_logp`` is replaced by ``logp``, see :func:`_masked_log_ratio`).
-
-    Example:
-        >>> lp = torch.zeros(1, 2); mask = torch.tensor([[1.0, 0.0]])
-        >>> per_token, metrics = kl_penalty(lp, lp - 1.0, 0.5, mask, "k1")
-        >>> per_token.tolist(), metrics["kl"].item()
-        ([[0.5, 0.0]], 1.0)
-    """
-    if beta == 0.0:
-        return torch.zeros_like(logp), {}
-    if ref_logp is None:
-        raise ValueError("beta > 0 needs ref_logp (log-probs of the reference model)")
-    if estimator not in KL_ESTIMATORS:
-        raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {sorted(KL_ESTIMATORS)}")
-    kl = KL_ESTIMATORS[estimator](logp, torch.where(mask > 0, ref_logp, logp))
-    return beta * kl, {"kl": masked_mean(kl.detach(), mask)}
+        return masked_mean(masked_kl(old_logp, logp, mask), mask)
 
 
 def truncated_importance_weights(
@@ -215,148 +152,133 @@ def truncated_importance_weights(
     return weights, metrics
 
 
-def _ppo_clip_per_token(
+def clip_range(variant: LossName, eps_low: float | None, eps_high: float | None) -> tuple[float, float]:
+    """Each variant's default clip range (grpo/dr_grpo 0.2/0.2 symmetric, dapo 0.2/0.28, gspo 3e-4/4e-4)."""
+    if variant in ("grpo", "dr_grpo"):
+        eps = 0.2 if eps_low is None else eps_low
+        if eps_high is not None and eps_high != eps:
+            raise ValueError(f"{variant} clips symmetrically; use variant='dapo' for eps_high != eps_low")
+        return eps, eps
+    if variant == "dapo":
+        return (0.2 if eps_low is None else eps_low), (0.28 if eps_high is None else eps_high)
+    if variant == "gspo":
+        return (3e-4 if eps_low is None else eps_low), (4e-4 if eps_high is None else eps_high)
+    raise ValueError(f"unknown loss variant {variant!r}; expected one of grpo, dr_grpo, dapo, gspo")
+
+
+def _clip_metrics(ratio: Tensor, adv: Tensor, mask: Tensor, eps_low: float, eps_high: float) -> Metrics:
+    """``clip_fraction``: tokens (GSPO: sequences) whose gradient the clip removes; ``ratio_mean``."""
+    with torch.no_grad():
+        clipped = ((ratio > 1 + eps_high) & (adv > 0)) | ((ratio < 1 - eps_low) & (adv < 0))
+        return {"clip_fraction": masked_mean(clipped.float(), mask), "ratio_mean": masked_mean(ratio, mask)}
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """What a loss needs besides the tensors: the variant, its clip range, the KL penalty, Dr. GRPO's budget."""
+
+    variant: LossName = "grpo"
+    eps_low: float | None = None
+    eps_high: float | None = None
+    beta: float = 0.0
+    kl_estimator: KLEstimatorName = "k3"
+    max_len: int | None = None
+
+
+def loss_terms(
+    spec: LossSpec,
     logp: Tensor,
     old_logp: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    eps_low: float,
-    eps_high: float,
+    *,
+    ref_logp: Tensor | None = None,
     token_weights: Tensor | None = None,
-) -> tuple[Tensor, Metrics]:
-    # PPO surrogate, token by token:  -w min(r A, clip(r, 1-eps_low, 1+eps_high) A)
-    ratio = torch.exp(_masked_log_ratio(logp, old_logp, mask))
-    adv = _per_token_advantages(advantages, logp)
-    surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv)
-    if token_weights is not None:
-        surrogate = surrogate * token_weights.detach()
-    metrics = _clip_metrics(ratio, adv, mask, eps_low, eps_high)
+) -> tuple[Tensor, Tensor, Metrics]:
+    """The variant's surrogate terms ``[B, T]`` (GSPO: ``[B]``) and the ``beta * KL`` terms ``[B, T]``.
+
+    Token variants (grpo, dr_grpo, dapo), ``r_t = pi/pi_old`` per token, ``A`` per token or sequence:
+        ``term_t = -w_t min(r_t A, clip(r_t, 1-eps_low, 1+eps_high) A)``   (``w``: TIS weights)
+    GSPO, one ratio per sequence, the geometric mean of its token ratios, ``A_i`` per sequence
+    (a per-token ``A`` is averaged over the sequence's tokens first):
+        ``s_i = exp(1/|o_i| sum_t (logp_it - old_logp_it))``,
+        ``term_i = -w_i min(s_i A_i, clip(s_i, 1-eps_low, 1+eps_high) A_i)``
+    KL: ``beta * k(pi || pi_ref)`` per token (:func:`masked_kl`); zeros when ``beta == 0``.
+    Metrics (detached): ``clip_fraction``, ``ratio_mean``, ``approx_kl_old`` and, with beta, ``kl``.
+    """
+    eps_low, eps_high = clip_range(spec.variant, spec.eps_low, spec.eps_high)
+    mask = mask.to(logp.dtype)
+    adv = advantages
+    if spec.variant == "gspo":
+        if adv.dim() == 2:
+            adv = (adv * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)
+        count = mask.sum(dim=-1).clamp(min=1)
+        ratio = torch.exp(_masked_log_ratio(logp, old_logp, mask).sum(dim=-1) / count)
+        surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv)
+        if token_weights is not None:  # one weight per sequence: the mean of its tokens' weights
+            surrogate = surrogate * (token_weights.detach() * mask).sum(dim=-1) / count
+        has_tokens = (mask.sum(dim=-1) > 0).to(logp.dtype).unsqueeze(-1)
+        metrics = _clip_metrics(ratio.unsqueeze(-1), adv.unsqueeze(-1), has_tokens, eps_low, eps_high)
+    else:
+        adv = adv.unsqueeze(-1).expand_as(logp) if adv.dim() == 1 else adv
+        ratio = torch.exp(_masked_log_ratio(logp, old_logp, mask))
+        surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv)
+        if token_weights is not None:
+            surrogate = surrogate * token_weights.detach()
+        metrics = _clip_metrics(ratio, adv, mask, eps_low, eps_high)
     metrics["approx_kl_old"] = approx_kl(logp, old_logp, mask)
-    return -surrogate, metrics
+    kl = torch.zeros_like(logp)
+    if spec.beta > 0:
+        if ref_logp is None:
+            raise ValueError("beta > 0 needs ref_logp (log-probs of the reference model)")
+        per_token_kl = masked_kl(logp, ref_logp, mask, spec.kl_estimator)
+        kl = spec.beta * per_token_kl
+        metrics["kl"] = masked_mean(per_token_kl.detach(), mask)
+    return -surrogate, kl, metrics
 
 
-# ----------------------------------------------------------------------------------------------
-# Policy losses. Each returns (scalar loss, metrics of detached scalars).
-# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Normaliser:
+    """The denominators of one optimizer step: its sequences and trained tokens, over every
+    micro-batch of every process, and the generation budget (Dr. GRPO)."""
+
+    sequences: float
+    tokens: float
+    max_len: int | None = None
+
+    @staticmethod
+    def of(mask: Tensor, max_len: int | None = None) -> Normaliser:
+        """The normaliser of a single batch (``mask`` ``[B, T]``)."""
+        return Normaliser(float(mask.shape[0]), float(mask.sum()), max_len)
 
 
-def grpo_loss(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    loss_mask: Tensor,
-    *,
-    eps: float = 0.2,
-    ref_logp: Tensor | None = None,
-    beta: float = 0.0,
-    kl_estimator: KLEstimatorName = "k3",
-    token_weights: Tensor | None = None,
-) -> tuple[Tensor, Metrics]:
-    """GRPO (DeepSeekMath): PPO-clip per token, mean over each sequence's tokens, then over sequences.
+def aggregate(variant: LossName, terms: Tensor, kl: Tensor, mask: Tensor, norm: Normaliser) -> Tensor:
+    """This micro-batch's share of the step's loss; the shares of all micro-batches add up to it.
 
-    ``L = 1/B sum_i 1/|o_i| sum_t [ -min(r_it A_i, clip(r_it, 1-eps, 1+eps) A_i) + beta k3_it ]``
-
-    Example:
-        >>> lp = torch.zeros(1, 2); mask = torch.ones(1, 2)
-        >>> loss, metrics = grpo_loss(lp, lp, torch.tensor([1.0]), mask)
-        >>> loss.item(), metrics["clip_fraction"].item()
-        (-1.0, 0.0)
+    With ``N`` sequences and ``sum_i |o_i|`` trained tokens in the whole step (``norm``):
+        grpo:    ``1/N sum_i 1/|o_i| sum_t (term_it + kl_it)``    (mean per sequence, then over sequences)
+        dr_grpo: ``1/(N L_max) sum_i sum_t (term_it + kl_it)``    (a constant: no length bias)
+        dapo:    ``1/sum_i |o_i| sum_i sum_t (term_it + kl_it)``  (token-level mean over the batch)
+        gspo:    ``1/N sum_i (term_i + 1/|o_i| sum_t kl_it)``     (one term per sequence)
+    A sequence without trained tokens counts 0 but stays in ``N``.
     """
-    per_token, metrics = _ppo_clip_per_token(logp, old_logp, advantages, loss_mask, eps, eps, token_weights)
-    kl, kl_metrics = kl_penalty(logp, ref_logp, beta, loss_mask, kl_estimator)
-    return seq_mean_token_mean(per_token + kl, loss_mask), metrics | kl_metrics
-
-
-def dr_grpo_loss(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    loss_mask: Tensor,
-    *,
-    max_len: int,
-    eps: float = 0.2,
-    ref_logp: Tensor | None = None,
-    beta: float = 0.0,
-    kl_estimator: KLEstimatorName = "k3",
-    token_weights: Tensor | None = None,
-) -> tuple[Tensor, Metrics]:
-    """Dr. GRPO: the GRPO surrogate summed over tokens and divided by a constant ``B * max_len``.
-
-    ``L = 1/(B L_max) sum_i sum_t [ -min(r_it A_i, clip(r_it, 1-eps, 1+eps) A_i) + beta k3_it ]``
-
-    Pair it with ``group_advantages(..., normalize_std=False)``; ``max_len`` is the generation
-    budget (a constant, so long and short answers weigh per token the same).
-    """
-    per_token, metrics = _ppo_clip_per_token(logp, old_logp, advantages, loss_mask, eps, eps, token_weights)
-    kl, kl_metrics = kl_penalty(logp, ref_logp, beta, loss_mask, kl_estimator)
-    return token_sum_over_constant(per_token + kl, loss_mask, max_len), metrics | kl_metrics
-
-
-def dapo_loss(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    loss_mask: Tensor,
-    *,
-    eps_low: float = 0.2,
-    eps_high: float = 0.28,
-    ref_logp: Tensor | None = None,
-    beta: float = 0.0,
-    kl_estimator: KLEstimatorName = "k3",
-    token_weights: Tensor | None = None,
-) -> tuple[Tensor, Metrics]:
-    """DAPO: clip-higher (``eps_high > eps_low``) and a token-level mean over all tokens of the batch.
-
-    ``L = 1/sum_i |o_i| sum_i sum_t [ -min(r_it A_i, clip(r_it, 1-eps_low, 1+eps_high) A_i) + beta k3_it ]``
-    """
-    per_token, metrics = _ppo_clip_per_token(
-        logp, old_logp, advantages, loss_mask, eps_low, eps_high, token_weights
-    )
-    kl, kl_metrics = kl_penalty(logp, ref_logp, beta, loss_mask, kl_estimator)
-    return masked_mean(per_token + kl, loss_mask), metrics | kl_metrics
-
-
-def gspo_loss(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    loss_mask: Tensor,
-    *,
-    eps_low: float = 3e-4,
-    eps_high: float = 4e-4,
-    ref_logp: Tensor | None = None,
-    beta: float = 0.0,
-    kl_estimator: KLEstimatorName = "k3",
-    token_weights: Tensor | None = None,
-) -> tuple[Tensor, Metrics]:
-    """GSPO: one importance ratio per sequence, the geometric mean of its token ratios.
-
-    ``s_i = exp(1/|o_i| sum_t (logp_it - old_logp_it))``
-    ``L = 1/B sum_i -min(s_i A_i, clip(s_i, 1-eps_low, 1+eps_high) A_i)  [+ beta * seq-mean-token-mean k3]``
-
-    ``advantages`` must be per sequence (``[B]``). The tiny default eps (3e-4 / 4e-4) are the
-    paper's: a sequence ratio moves far less than a token ratio.
-    """
-    if advantages.dim() != 1:
-        raise ValueError("gspo_loss needs one advantage per sequence ([B])")
-    mask = loss_mask.to(logp.dtype)
-    token_count = mask.sum(dim=-1).clamp(min=1)
-    seq_ratio = torch.exp(_masked_log_ratio(logp, old_logp, mask).sum(dim=-1) / token_count)
-    clipped_ratio = torch.clamp(seq_ratio, 1 - eps_low, 1 + eps_high)
-    per_sequence = -torch.minimum(seq_ratio * advantages, clipped_ratio * advantages)
-    if token_weights is not None:  # one weight per sequence: the mean of its tokens' weights
-        per_sequence = per_sequence * (token_weights.detach() * mask).sum(dim=-1) / token_count
-    kl, kl_metrics = kl_penalty(logp, ref_logp, beta, loss_mask, kl_estimator)
-    loss = per_sequence.mean() + (seq_mean_token_mean(kl, loss_mask) if beta else 0.0)
-    has_tokens = (loss_mask.sum(dim=-1) > 0).float().unsqueeze(-1)
-    # GSPO's clip fraction and mean ratio count sequences, not tokens.
-    metrics = _clip_metrics(seq_ratio.unsqueeze(-1), advantages.unsqueeze(-1), has_tokens, eps_low, eps_high)
-    metrics["approx_kl_old"] = approx_kl(logp, old_logp, loss_mask)
-    return loss, metrics | kl_metrics
+    mask = mask.to(kl.dtype)
+    per_sequence_tokens = mask.sum(dim=-1).clamp(min=1)
+    if variant == "grpo":
+        return (((terms + kl) * mask).sum(dim=-1) / per_sequence_tokens).sum() / max(norm.sequences, 1.0)
+    if variant == "dr_grpo":
+        if norm.max_len is None:
+            raise ValueError("dr_grpo needs max_len (the constant normaliser: the generation budget)")
+        return ((terms + kl) * mask).sum() / (max(norm.sequences, 1.0) * norm.max_len)
+    if variant == "dapo":
+        return ((terms + kl) * mask).sum() / max(norm.tokens, 1.0)
+    if variant == "gspo":
+        return (terms + (kl * mask).sum(dim=-1) / per_sequence_tokens).sum() / max(norm.sequences, 1.0)
+    raise ValueError(f"unknown loss variant {variant!r}; expected one of grpo, dr_grpo, dapo, gspo")
 
 
 def policy_loss(
-    variant: LossVariant,
+    variant: LossName,
     logp: Tensor,
     old_logp: Tensor,
     advantages: Tensor,
@@ -370,12 +292,7 @@ def policy_loss(
     kl_estimator: KLEstimatorName = "k3",
     token_weights: Tensor | None = None,
 ) -> tuple[Tensor, Metrics]:
-    """Dispatch to one of the losses above by name, with each variant's default clip range.
-
-    ``eps_low``/``eps_high`` default per variant (grpo/dr_grpo: 0.2/0.2, dapo: 0.2/0.28,
-    gspo: 3e-4/4e-4); grpo and dr_grpo use a symmetric ``eps_low`` (``eps_high`` must match or be None).
-    ``max_len`` is required for dr_grpo. Metrics: ``clip_fraction``, ``ratio_mean``,
-    ``approx_kl_old`` and, when ``beta > 0``, ``kl``; all detached scalar tensors.
+    """The loss of one whole batch: :func:`loss_terms`, then :func:`aggregate` with the batch's own normaliser.
 
     Example:
         >>> lp = torch.zeros(2, 3); mask = torch.ones(2, 3)
@@ -383,25 +300,10 @@ def policy_loss(
         >>> loss.item(), sorted(metrics)
         (0.0, ['approx_kl_old', 'clip_fraction', 'ratio_mean'])
     """
-    common = {
-        "ref_logp": ref_logp,
-        "beta": beta,
-        "kl_estimator": kl_estimator,
-        "token_weights": token_weights,
-    }
-    if variant in ("grpo", "dr_grpo"):
-        eps = 0.2 if eps_low is None else eps_low
-        if eps_high is not None and eps_high != eps:
-            raise ValueError(f"{variant} clips symmetrically; use variant='dapo' for eps_high != eps_low")
-        if variant == "grpo":
-            return grpo_loss(logp, old_logp, advantages, loss_mask, eps=eps, **common)
-        if max_len is None:
-            raise ValueError("dr_grpo needs max_len (the constant normaliser: the generation budget)")
-        return dr_grpo_loss(logp, old_logp, advantages, loss_mask, max_len=max_len, eps=eps, **common)
-    if variant == "dapo":
-        low, high = (0.2 if eps_low is None else eps_low), (0.28 if eps_high is None else eps_high)
-        return dapo_loss(logp, old_logp, advantages, loss_mask, eps_low=low, eps_high=high, **common)
-    if variant == "gspo":
-        low, high = (3e-4 if eps_low is None else eps_low), (4e-4 if eps_high is None else eps_high)
-        return gspo_loss(logp, old_logp, advantages, loss_mask, eps_low=low, eps_high=high, **common)
-    raise ValueError(f"unknown loss variant {variant!r}; expected one of grpo, dr_grpo, dapo, gspo")
+    spec = LossSpec(variant, eps_low, eps_high, beta, kl_estimator, max_len)
+    if variant == "dr_grpo" and max_len is None:
+        raise ValueError("dr_grpo needs max_len (the constant normaliser: the generation budget)")
+    terms, kl, metrics = loss_terms(
+        spec, logp, old_logp, advantages, loss_mask, ref_logp=ref_logp, token_weights=token_weights
+    )
+    return aggregate(variant, terms, kl, loss_mask, Normaliser.of(loss_mask, max_len)), metrics

@@ -64,7 +64,95 @@ def rollout_metrics(stats: Sequence[EpisodeStats], prefix: str = "") -> dict[str
     reasons = Counter(s.finish_reason for s in stats)
     for reason, count in sorted(reasons.items()):
         out[f"finish/{reason}"] = count / len(stats)
+    out |= health_inputs(stats)
     return {f"{prefix}{key}": value for key, value in out.items()}
+
+
+def grouped_metrics(stats: Sequence[EpisodeStats], key: str, prefix: str = "eval/") -> dict[str, float]:
+    """Accuracy, reward and tool use per value of task metadata ``key`` (e.g. DeepSearch's ``hops``).
+
+    Example:
+        >>> s = [EpisodeStats("a", 0, reward=1.0, correct=True, task_metadata={"hops": 1}),
+        ...      EpisodeStats("b", 0, reward=0.0, correct=False, tool_calls=2, task_metadata={"hops": 2})]
+        >>> m = grouped_metrics(s, "hops")
+        >>> m["eval/hops=1/accuracy"], m["eval/hops=2/tool_calls_per_episode"], m["eval/hops=2/episodes"]
+        (1.0, 2.0, 1.0)
+    """
+    groups: dict[str, list[EpisodeStats]] = {}
+    for s in stats:
+        if key in s.task_metadata:
+            groups.setdefault(str(s.task_metadata[key]), []).append(s)
+    out: dict[str, float] = {}
+    for value, members in sorted(groups.items()):
+        part = rollout_metrics(members)
+        head = f"{prefix}{key}={value}/"
+        out[f"{head}episodes"] = float(len(members))
+        for name in ("reward/mean", "accuracy", "tool_calls_per_episode", "tool_error_rate", "turns"):
+            if name in part:
+                out[head + ("reward" if name == "reward/mean" else name)] = part[name]
+    return out
+
+
+def eval_prompt_indices(num_tasks: int, count: int, seed: int) -> list[int]:
+    """A seeded sample of ``count`` of ``num_tasks`` test prompts, in split order (the same every eval).
+
+    Example:
+        >>> eval_prompt_indices(10, 4, seed=0) == eval_prompt_indices(10, 4, seed=0)
+        True
+        >>> eval_prompt_indices(3, 8, seed=0)
+        [0, 1, 2]
+    """
+    if count >= num_tasks:
+        return list(range(num_tasks))
+    picked = np.random.default_rng([seed, 0xE7A1]).choice(num_tasks, size=count, replace=False)
+    return sorted(int(i) for i in picked)
+
+
+def health_inputs(stats: Sequence[EpisodeStats]) -> dict[str, float]:
+    """What the health checks (:mod:`rlf_trainer.health`) read besides the metrics above.
+
+    ``prompt_length`` (mean, ``/max``); ``silent_at_budget``: share of episodes that hit
+    ``max_total_tokens`` before generating a token; ``truncated_turns``: share of turns cut at
+    ``max_new_tokens``; ``tool_errors/<kind>`` and ``repeated_tool_calls`` per tool call;
+    ``sim_error_rate``; ``reward_info/<key>``: mean of each numeric reward component;
+    ``reward/off_goal_share``: the share of the (positive) reward earned by episodes whose
+    ``em``/``acc`` says they missed the goal.
+
+    Example:
+        >>> ok = EpisodeStats(task_id="0", group=0, reward=1.0, correct=True, reward_info={"em": 1.0})
+        >>> formatted = EpisodeStats(task_id="1", group=0, reward=0.5, correct=False, reward_info={"em": 0.0})
+        >>> health_inputs([ok, formatted])["reward/off_goal_share"]
+        0.3333333333333333
+    """
+    out = {
+        "prompt_length": float(np.mean([s.prompt_length for s in stats])),
+        "prompt_length/max": float(max(s.prompt_length for s in stats)),
+        "silent_at_budget": float(
+            np.mean([s.finish_reason == "max_total_tokens" and s.response_length == 0 for s in stats])
+        ),
+    }
+    turns = [reason for s in stats for reason in s.turn_finish_reasons]
+    if turns:
+        out["truncated_turns"] = turns.count("length") / len(turns)
+    calls = sum(s.tool_calls for s in stats)
+    if calls:
+        for kind, count in sorted(Counter(k for s in stats for k in s.error_kinds).items()):
+            out[f"tool_errors/{kind}"] = count / calls
+        repeats = sum(len(s.tool_call_keys) - len(set(s.tool_call_keys)) for s in stats)
+        out["repeated_tool_calls"] = repeats / calls
+    if any(s.sim_error for s in stats):
+        out["sim_error_rate"] = float(np.mean([bool(s.sim_error) for s in stats]))
+    components: dict[str, list[float]] = {}
+    for s in stats:
+        for key, value in s.reward_info.items():
+            if key != "reward" and isinstance(value, int | float) and math.isfinite(value):
+                components.setdefault(key, []).append(float(value))
+    out |= {f"reward_info/{key}": float(np.mean(values)) for key, values in sorted(components.items())}
+    judged = [(max(s.reward, 0.0), s.correct) for s in stats if s.correct is not None]
+    earned = sum(r for r, _ in judged)
+    if earned > 0:
+        out["reward/off_goal_share"] = sum(r for r, correct in judged if not correct) / earned
+    return out
 
 
 class MetricsHistory:

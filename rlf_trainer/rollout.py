@@ -40,10 +40,12 @@ from typing import Any
 
 from rlf_trainer.policy.base import Completion, Policy, SamplingParams
 from rlf_trainer.rollout_batch import RolloutBatch, to_batch
+from rlf_trainer.seeds import SeedKey
 from rlf_trainer.trajectory import (
     FINISH_ANSWER,
     FINISH_MAX_TOKENS,
     FINISH_MAX_TURNS,
+    FINISH_SIM_ERROR,
     EpisodeStats,
     RolloutError,
     TurnContext,
@@ -59,6 +61,7 @@ __all__ = [
     "FINISH_ANSWER",
     "FINISH_MAX_TOKENS",
     "FINISH_MAX_TURNS",
+    "FINISH_SIM_ERROR",
     "EpisodeStats",
     "RolloutBatch",
     "RolloutError",
@@ -72,6 +75,37 @@ __all__ = [
 # ---------------------------------------------------------------------------------------------------
 
 
+def generate_turn(
+    policy: Policy,
+    trajectories: list[Any],
+    sampling: SamplingParams,
+    key: SeedKey | None,
+    turn: int,
+    max_total_tokens: int,
+) -> tuple[list[str], dict[int, Completion]]:
+    """One batched ``generate`` over every live episode; returns each env's action text (empty for
+    the others) and the completions that were kept."""
+    actions = [""] * len(trajectories)
+    completions: dict[int, Completion] = {}
+    for traj in trajectories:
+        if not traj.done and len(traj.token_ids) >= max_total_tokens:
+            traj.force_finish = True  # e.g. a prompt longer than the whole budget
+    generating = [i for i, traj in enumerate(trajectories) if not traj.done and not traj.force_finish]
+    if not generating:
+        return actions, completions
+    params = dataclasses.replace(
+        sampling, seed=None, seeds=None if key is None else tuple(key.for_request(i, turn) for i in generating)
+    )
+    outputs = policy.generate([trajectories[i].token_ids for i in generating], params)
+    if len(outputs) != len(generating):
+        raise RolloutError(f"policy returned {len(outputs)} completions for {len(generating)} prompts")
+    for i, completion in zip(generating, outputs, strict=True):
+        if add_completion(trajectories[i], completion, max_total_tokens):
+            actions[i] = completion.text
+            completions[i] = completion
+    return actions, completions
+
+
 def run_rollout(
     envs: Any,
     policy: Policy,
@@ -81,16 +115,15 @@ def run_rollout(
     sampling: SamplingParams,
     max_total_tokens: int,
     split: str = "train",
-    max_turns: int | None = None,
+    seeds: SeedKey | None = None,
 ) -> RolloutBatch:
     """Play one batch of episodes: ``prompt_indices[b]`` x ``group_size`` samples = ``envs.num_envs``.
 
     ``envs`` is any Gymnasium vector env following docs/env_contract.md, made with autoreset mode
-    "Disabled". ``sampling.seed`` (when set) is offset by the turn number, so a batch is
-    reproducible and turns do not reuse one random stream. ``max_turns`` is a safety stop for
-    the loop (the env's own ``max_turns`` normally ends episodes first).
+    "Disabled". Env ``i``'s request at turn ``t`` is seeded ``seeds.for_request(i, t)``
+    (:mod:`rlf_trainer.seeds`; with ``seeds`` None and ``sampling.seed`` set, ``SeedKey(sampling.seed)``),
+    so a batch is reproducible and no two requests share a seed.
     """
-    num_envs = int(envs.num_envs)
     tokenizer = policy.tokenizer
     started = time.perf_counter()
     begun = start_rollout(envs, tokenizer, prompt_indices, group_size, sampling, split)
@@ -100,30 +133,10 @@ def run_rollout(
     context = TurnContext(tokenizer, end_id, max_total_tokens)
     turn = 0
     while not all(traj.done for traj in trajectories):
-        if max_turns is not None and turn >= max_turns:
-            for traj in trajectories:
-                traj.force_finish = traj.force_finish or not traj.done
-        actions = [""] * num_envs
-        completions: dict[int, Completion] = {}
-        for traj in trajectories:
-            if not traj.done and len(traj.token_ids) >= max_total_tokens:
-                traj.force_finish = True  # e.g. a prompt longer than the whole budget
-        generating = [i for i, traj in enumerate(trajectories) if not traj.done and not traj.force_finish]
-        if generating:
-            params = dataclasses.replace(
-                sampling, seed=None if sampling.seed is None else sampling.seed + turn
-            )
-            t0 = time.perf_counter()
-            outputs = policy.generate([trajectories[i].token_ids for i in generating], params)
-            timings["generate"] += time.perf_counter() - t0
-            if len(outputs) != len(generating):
-                raise RolloutError(
-                    f"policy returned {len(outputs)} completions for {len(generating)} prompts"
-                )
-            for i, completion in zip(generating, outputs, strict=True):
-                if add_completion(trajectories[i], completion, max_total_tokens):
-                    actions[i] = completion.text
-                    completions[i] = completion
+        key = seeds or (SeedKey(sampling.seed) if sampling.seed is not None else None)
+        t0 = time.perf_counter()
+        actions, completions = generate_turn(policy, trajectories, sampling, key, turn, max_total_tokens)
+        timings["generate"] += time.perf_counter() - t0
 
         t0 = time.perf_counter()
         _, rewards, terminated, truncated, infos = envs.step(actions)

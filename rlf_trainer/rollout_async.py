@@ -10,8 +10,9 @@ generated ids as sampled (loss 1, sampler logprobs), tool and user-message delta
 template (loss 0; a dialogue env's simulated user turns run inside ``astep_one``),
 the same length budget and finish reasons.
 
-Seeds: the request of env ``i`` at turn ``t`` uses ``sampling.seed + t * num_envs + i``, so every
-request has its own seed and a batch is reproducible wherever the engine's sampling is.
+Seeds: the request of env ``i`` at turn ``t`` uses ``seeds.for_request(i, t)`` (:mod:`rlf_trainer.seeds`,
+the same seeds as the lockstep rollout), so every request has its own seed and a batch is
+reproducible wherever the engine's sampling is.
 
 ``max_concurrent_episodes`` caps the episodes in flight at once (the others wait to start), e.g.
 to bound tool-server load or engine memory.
@@ -35,6 +36,7 @@ from typing import Any
 from rlf_trainer.policy.async_policy import AsyncPolicy, as_async_policy
 from rlf_trainer.policy.base import SamplingParams
 from rlf_trainer.rollout_batch import RolloutBatch, to_batch
+from rlf_trainer.seeds import SeedKey
 from rlf_trainer.trajectory import (
     RolloutError,
     Trajectory,
@@ -71,7 +73,7 @@ async def arun_rollout(
     sampling: SamplingParams,
     max_total_tokens: int,
     split: str = "train",
-    max_turns: int | None = None,
+    seeds: SeedKey | None = None,
     max_concurrent_episodes: int | None = None,
 ) -> RolloutBatch:
     """Play ``prompt_indices[b]`` x ``group_size`` episodes, one coroutine each; see the module docs.
@@ -91,7 +93,8 @@ async def arun_rollout(
     trajectories, end_id, sampling = begun.trajectories, begun.end_id, begun.sampling
     timelines = [EpisodeTimeline() for _ in range(num_envs)]
     context = TurnContext(tokenizer, end_id, max_total_tokens)
-    episode = _Episode(envs, engine, sampling, context, max_turns, num_envs)
+    key = seeds or (SeedKey(sampling.seed) if sampling.seed is not None else None)
+    episode = _Episode(envs, engine, sampling, context, key)
     limit = asyncio.Semaphore(max_concurrent_episodes or num_envs)
 
     async def play(i: int) -> None:
@@ -119,19 +122,17 @@ class _Episode:
     policy: AsyncPolicy
     sampling: SamplingParams
     context: TurnContext
-    max_turns: int | None
-    num_envs: int
+    seeds: SeedKey | None
     tokenize_s: float = 0.0
 
     async def play(self, i: int, traj: Trajectory, timeline: EpisodeTimeline) -> None:
         turn = 0
         while not traj.done:
-            over_turns = self.max_turns is not None and turn >= self.max_turns
-            if over_turns or len(traj.token_ids) >= self.context.max_total_tokens:
+            if len(traj.token_ids) >= self.context.max_total_tokens:
                 traj.force_finish = True
             action, completion = "", None
             if not traj.force_finish:
-                seed = None if self.sampling.seed is None else self.sampling.seed + turn * self.num_envs + i
+                seed = None if self.seeds is None else self.seeds.for_request(i, turn)
                 t0 = time.perf_counter()
                 completion = await self.policy.agenerate(
                     list(traj.token_ids), dataclasses.replace(self.sampling, seed=seed)

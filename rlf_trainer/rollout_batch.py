@@ -30,7 +30,6 @@ class RolloutBatch:
     loss_mask: torch.Tensor
     old_logprobs: torch.Tensor
     rewards: torch.Tensor
-    group_ids: torch.Tensor
     stats: list[EpisodeStats]
     transcripts: list[list[dict[str, Any]]]
     timings: dict[str, float]
@@ -59,7 +58,6 @@ class RolloutBatch:
             loss_mask=self.loss_mask[index, :width],
             old_logprobs=self.old_logprobs[index, :width],
             rewards=self.rewards[index],
-            group_ids=self.group_ids[index],
             stats=[self.stats[i] for i in picked],
             transcripts=[self.transcripts[i] for i in picked],
             tools=[self.tools[i] for i in picked] if self.tools else [],
@@ -90,7 +88,6 @@ class RolloutBatch:
             loss_mask=cat("loss_mask", 0),
             old_logprobs=cat("old_logprobs", 0.0),
             rewards=torch.cat([b.rewards for b in batches]),
-            group_ids=torch.cat([b.group_ids for b in batches]),
             stats=[s for b in batches for s in b.stats],
             transcripts=[t for b in batches for t in b.transcripts],
             timings=timings,
@@ -108,7 +105,6 @@ class RolloutBatch:
             loss_mask=self.loss_mask.to(device),
             old_logprobs=self.old_logprobs.to(device),
             rewards=self.rewards.to(device),
-            group_ids=self.group_ids.to(device),
         )
 
 
@@ -135,7 +131,6 @@ def to_batch(
         loss_mask=loss_mask,
         old_logprobs=old_logprobs,
         rewards=torch.tensor([t.stats.reward for t in trajectories], dtype=torch.float32),
-        group_ids=torch.tensor([t.stats.group for t in trajectories], dtype=torch.long),
         stats=[t.stats for t in trajectories],
         transcripts=[t.messages for t in trajectories],
         timings=dict(timings),

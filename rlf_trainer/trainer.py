@@ -4,7 +4,8 @@ The step itself, rollout -> advantages -> micro-batched loss -> optimizer step -
 reads top to bottom in :mod:`rlf_trainer.grpo`; :meth:`GRPOTrainer.train_step` calls it with the
 :class:`~rlf_trainer.grpo.StepParts` built here once (model, optimizer, scheduler, policy, envs).
 
-Everything random in a step is a function of ``(seed, step)`` (see :mod:`rlf_trainer.checkpoint`),
+Everything random in a step is a function of ``(seed, step)`` (:mod:`rlf_trainer.prompts` picks the
+prompts, :func:`rlf_trainer.seeds.sample_seed` seeds every request),
 so resuming from a checkpoint reproduces the steps of an uninterrupted run.
 
 Example:
@@ -15,23 +16,20 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import logging
-import math
 import os
-import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
 from accelerate.utils import gather_object
 
+from rlf_trainer import build, distributed, grpo
 from rlf_trainer import checkpoint as ckpt
-from rlf_trainer import grpo
+from rlf_trainer.budget import check_run_budget
 from rlf_trainer.config import Config, ConfigError, dump_config
+from rlf_trainer.evaluation import evaluate
+from rlf_trainer.forward import full_parameters
+from rlf_trainer.health import HealthLog, HealthMonitor
 from rlf_trainer.metrics import (
     MetricsHistory,
     append_jsonl,
@@ -39,117 +37,14 @@ from rlf_trainer.metrics import (
     rollout_metrics,
     sample_records,
 )
-from rlf_trainer.policy.base import Policy, SamplingParams, inference_state_dict
+from rlf_trainer.policy.base import Policy, inference_state_dict
+from rlf_trainer.progress import flat_hparams, step_printer
+from rlf_trainer.prompts import PromptSampler
 from rlf_trainer.rollout_batch import RolloutBatch
-from rlf_trainer.trajectory import EpisodeStats
+from rlf_trainer.sft import sft_step
+from rlf_trainer.sft_data import load_sft_examples
 
 logger = logging.getLogger(__name__)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Small pieces: model path, LR schedule, import strings
-# ---------------------------------------------------------------------------------------------------
-
-
-def resolve_model_path(config: Config) -> str:
-    """``model.path``, building the offline model first when ``model.prepare`` asks for one."""
-    raw = os.path.expandvars(os.path.expanduser(config.model.path)) if config.model.path else ""
-    prepare = config.model.prepare
-    if prepare is None:
-        return raw
-    from rlf_trainer import models
-
-    if prepare == "tiny-qwen3":
-        return str(models.build_tiny_qwen3(raw or models.default_cache_dir() / "tiny-qwen3"))
-    if raw and Path(raw).name != "smollm2-135m":
-        raise ConfigError(
-            "model.prepare=smollm2-135m builds <dir>/smollm2-135m: set model.path to such a folder"
-        )
-    return str(models.prepare_smollm2(Path(raw).parent if raw else None))
-
-
-class LRSchedule:
-    """Linear warmup, then constant / linear / cosine decay to ``min_ratio`` at ``total_steps``.
-
-    A callable object (not a lambda) so LambdaLR's state dict can save it.
-
-    Example:
-        >>> [round(LRSchedule("linear", warmup_steps=2, total_steps=6)(s), 2) for s in range(7)]
-        [0.0, 0.5, 1.0, 0.75, 0.5, 0.25, 0.0]
-    """
-
-    def __init__(self, kind: str, *, warmup_steps: int, total_steps: int, min_ratio: float = 0.0) -> None:
-        self.kind, self.warmup_steps, self.total_steps, self.min_ratio = (
-            kind,
-            warmup_steps,
-            total_steps,
-            min_ratio,
-        )
-
-    def __call__(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return step / max(1, self.warmup_steps)
-        if self.kind == "constant":
-            return 1.0
-        progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
-        decay = 1.0 - progress if self.kind == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
-        return self.min_ratio + (1.0 - self.min_ratio) * decay
-
-
-def import_object(spec: str) -> Any:
-    """``"package.module:attr"`` -> the object (``"package.module.attr"`` works too)."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep:
-        module_name, _, attr = spec.rpartition(".")
-    if not module_name or not attr:
-        raise ConfigError(f"import string {spec!r} is not of the form 'package.module:attr'")
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"cannot import {spec!r}: {exc}") from exc
-    return obj
-
-
-def progress_line(step: int, max_steps: int, metrics: dict[str, float]) -> str:
-    """The line a step prints when stdout is not a terminal.
-
-    Example:
-        >>> progress_line(3, 12, {"reward/mean": 0.5, "time/step": 41.96, "eval/reward": 1.0})
-        'GRPO step 3/12  reward 0.500  eval 1.000  42.0 s/step  ~6.3 min to go'
-    """
-    parts = [f"GRPO step {step}/{max_steps}", f"reward {metrics.get('reward/mean', float('nan')):.3f}"]
-    if "eval/reward" in metrics:
-        parts.append(f"eval {metrics['eval/reward']:.3f}")
-    if "time/step" in metrics:
-        left_s = metrics["time/step"] * (max_steps - step)
-        parts.append(f"{metrics['time/step']:.1f} s/step  ~{left_s / 60:.1f} min to go")
-    return "  ".join(parts)
-
-
-def env_kwargs(config: Config) -> dict[str, Any]:
-    """The kwargs for ``gym.make_vec``: ``env.kwargs`` + resolved ``env.import_kwargs`` + rollout limits."""
-    kwargs = dict(config.env.kwargs)
-    for key, spec in config.env.import_kwargs.items():
-        kwargs[key] = [import_object(s) for s in spec] if isinstance(spec, list) else import_object(spec)
-    if config.rollout.max_turns is not None:
-        kwargs["max_turns"] = config.rollout.max_turns
-    kwargs["autoreset_mode"] = "Disabled"  # a finished episode must stay finished until the batch ends
-    return kwargs
-
-
-def _flat_hparams(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            out.update(_flat_hparams(value, f"{name}."))
-        elif isinstance(value, bool | int | float | str):
-            out[name] = value
-        else:
-            out[name] = str(value)
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -177,12 +72,12 @@ class GRPOTrainer:
     """
 
     def __init__(self, config: Config) -> None:
-        from accelerate import Accelerator
         from accelerate.utils import set_seed
 
         self.config = config.validate()
         self.run_dir = config.run_dir
-        self.accelerator = Accelerator(
+        self.accelerator = distributed.make_accelerator(
+            config.distributed.timeout_s,
             gradient_accumulation_steps=config.optim.gradient_accumulation_steps,
             mixed_precision=config.mixed_precision,
             log_with="tensorboard" if config.logging.tensorboard else None,
@@ -190,177 +85,67 @@ class GRPOTrainer:
         )
         acc = self.accelerator
         set_seed(config.seed)
-        if config.rollout.prompts_per_step % acc.num_processes:
-            raise ConfigError(
-                f"rollout.prompts_per_step={config.rollout.prompts_per_step} must be a multiple of "
-                f"the {acc.num_processes} processes"
-            )
-        self.local_prompts = config.rollout.prompts_per_step // acc.num_processes
+        self.local_prompts = build.prompts_per_process(config, acc.num_processes)
         self.group_size = config.algorithm.group_size
         if acc.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             dump_config(config, self.run_dir / "config.yaml")
 
-        with acc.main_process_first():
-            self.model_path = resolve_model_path(config)
-        self.tokenizer = self._load_tokenizer()
-        model = self._load_model()
-        self.ref_model = (
-            self._load_reference() if config.algorithm.beta > 0 and not config.lora.enabled else None
-        )
-        optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
-            lr=config.optim.lr,
-            betas=(config.optim.adam_beta1, config.optim.adam_beta2),
-            eps=config.optim.adam_eps,
-            weight_decay=config.optim.weight_decay,
-        )
-        self.model, self.optimizer = acc.prepare(model, optimizer)
-        # Stepped by hand once per optimizer step (Accelerate's wrapper would step it once per process).
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            LRSchedule(
-                config.optim.schedule,
-                warmup_steps=config.optim.warmup_steps,
-                total_steps=config.max_steps,
-                min_ratio=config.optim.min_lr_ratio,
-            ),
-        )
-        acc.register_for_checkpointing(self.scheduler)
-        if self.ref_model is not None:
-            # Not through accelerator.prepare: it would be saved in every checkpoint. A frozen full
-            # copy per process (in bf16 under bf16 mixed precision) is all the KL term needs.
-            self.ref_model.to(acc.device)
+        modules = build.training_modules(config, acc)
+        self.model_path, self.tokenizer = modules.model_path, modules.tokenizer
+        self.model, self.ref_model = modules.model, modules.ref_model
+        self.optimizer, self.scheduler = modules.optimizer, modules.scheduler
 
         self.step = 0
         self.history = MetricsHistory()
         self.last_batch: RolloutBatch | None = None
         self._last_saved_step: int | None = None
         self._last_eval_step: int | None = None
-        self.envs = self._make_envs()
+        self.envs = build.make_envs(config, self.local_prompts * self.group_size)
         try:  # the envs run tool-server processes: never leave them behind on a failed start
-            self.sampler = ckpt.PromptSampler(self._num_train_tasks(), config.seed)
-            self.policy: Policy = self._make_policy()
-            self.parts = grpo.StepParts(
-                config=config,
-                accelerator=acc,
-                model=self.model,
-                ref_model=self.ref_model,
-                optimizer=self.optimizer,
-                scheduler=self.scheduler,
-                policy=self.policy,
-                envs=self.envs,
-                sampler=self.sampler,
-                local_prompts=self.local_prompts,
-                sync_weights=self._sync_policy_weights,
-            )
+            # before step 1 (and before a vLLM engine starts): a prompt over the budget is an error
+            self.budget = check_run_budget(config, self.envs, self.tokenizer, acc.unwrap_model(self.model).config)
+            self.health = HealthMonitor(config.health, max_total_tokens=config.rollout.max_total_tokens,
+                                        tool_schema_tokens=self.budget.tool_schema_tokens)  # fmt: skip
+            self.health_log = HealthLog(self.run_dir if acc.is_main_process else None, config.health.fail_on)
+            self.sampler = PromptSampler(build.num_train_tasks(config, self.envs), config.seed)
+            self.policy: Policy = build.make_policy(config, acc, self.model, self.tokenizer, self.model_path)
+            self.parts = grpo.StepParts(config, acc, self.model, self.ref_model, self.optimizer, self.scheduler,
+                                        self.policy, self.envs, self.sampler, self.local_prompts)  # fmt: skip
             self.prefetch = grpo.Prefetch() if config.rollout.overlap else None
+            self.sft_data, self.sft_sampler = self._load_sft_data()
             self._resume()
-            acc.init_trackers("tensorboard", config=_flat_hparams(config.to_dict()))
+            acc.init_trackers("tensorboard", config=flat_hparams(config.to_dict()))
         except BaseException:
             if hasattr(self, "policy"):
                 self.policy.close()
             self.envs.close()
             raise
 
-    # ------------------------------------------------------------------------------ construction
-    def _load_tokenizer(self) -> Any:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(
-            self.model_path, trust_remote_code=self.config.model.trust_remote_code
-        )
-        if tokenizer.pad_token_id is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        return tokenizer
-
-    def _from_pretrained(self) -> Any:
-        from transformers import AutoModelForCausalLM
-
-        dtype = self.config.model.dtype
-        return AutoModelForCausalLM.from_pretrained(
-            self.model_path,
-            dtype=dtype if dtype == "auto" else getattr(torch, dtype),
-            trust_remote_code=self.config.model.trust_remote_code,
-        )
-
-    def _load_model(self) -> Any:
+    def _load_sft_data(self) -> tuple[Any, PromptSampler | None]:
+        """``algorithm.name: sft``: the demonstrations as token ids and masks, and their epoch-wise stream."""
         cfg = self.config
-        model = self._from_pretrained()
-        if cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            model.config.use_cache = False
-        if cfg.lora.enabled:
-            from peft import LoraConfig as PeftLoraConfig
-            from peft import get_peft_model
-
-            if cfg.gradient_checkpointing:
-                model.enable_input_require_grads()
-            model = get_peft_model(
-                model,
-                PeftLoraConfig(
-                    r=cfg.lora.r,
-                    lora_alpha=cfg.lora.alpha,
-                    lora_dropout=cfg.lora.dropout,
-                    target_modules=cfg.lora.target_modules,
-                    task_type="CAUSAL_LM",
-                ),
+        if cfg.algorithm.name != "sft":
+            return None, None
+        if cfg.sft.batch_size % self.accelerator.num_processes:
+            raise ConfigError(
+                f"sft.batch_size={cfg.sft.batch_size} must be a multiple of the {self.accelerator.num_processes} processes"
             )
-        model.train()
-        return model
+        data = load_sft_examples(cfg.sft.data, self.tokenizer, max_total_tokens=cfg.rollout.max_total_tokens)
+        return data, PromptSampler(len(data.examples), cfg.seed)
 
-    def _load_reference(self) -> Any:
-        ref = self._from_pretrained()
-        if self.config.mixed_precision == "bf16":
-            ref = ref.to(torch.bfloat16)
-        ref.requires_grad_(False)
-        ref.eval()
-        return ref
-
-    def _make_envs(self) -> Any:
-        import gymnasium as gym
-
-        with contextlib.suppress(ImportError):
-            import rlf_envs  # noqa: F401  (registers the RLF/* ids; other registered envs work too)
-        num_envs = self.local_prompts * self.group_size
-        return gym.make_vec(self.config.env.id, num_envs=num_envs, **env_kwargs(self.config))
-
-    def _num_train_tasks(self) -> int | None:
-        if self.config.env.num_train_tasks is not None:
-            return self.config.env.num_train_tasks
-        # Optional extension of the env contract: a vector env may report its split sizes.
-        reporter = getattr(self.envs.unwrapped, "num_tasks", None)
-        if callable(reporter):
-            with contextlib.suppress(Exception):
-                return int(reporter(self.config.env.train_split))
-        return None
-
-    def _make_policy(self) -> Policy:
-        cfg = self.config
-        if cfg.policy.backend == "hf":
-            from rlf_trainer.policy.hf import HFPolicy
-
-            return HFPolicy(self.accelerator.unwrap_model(self.model), self.tokenizer)
-        from rlf_trainer.policy.vllm import VLLMPolicy
-
-        v = cfg.policy.vllm
-        return VLLMPolicy(
-            self.model_path,
-            tensor_parallel_size=v.tensor_parallel_size,
-            gpu_memory_utilization=v.gpu_memory_utilization,
-            enable_sleep_mode=v.enable_sleep_mode,
-            dtype=v.dtype,
-            max_model_len=v.max_model_len,
-            seed=cfg.seed + self.accelerator.process_index,
-            tokenizer=self.tokenizer,
-        )
+    def _data_state(self, step: int) -> dict[str, Any]:
+        """Where the run's data stream stands after ``step`` steps (the prompts, or the SFT examples)."""
+        if self.sft_sampler is not None:
+            return self.sft_sampler.state(step, self.config.sft.batch_size)
+        return self.sampler.state(step, self.config.rollout.prompts_per_step)
 
     def _resume(self) -> None:
         path = ckpt.resolve_resume(self.config.checkpoint.resume, self.config.checkpoint_dir)
         if path is None:
             return
         state = ckpt.read_state(path)
-        expected = self.sampler.state(state["step"], self.config.rollout.prompts_per_step)
+        expected = self._data_state(state["step"])
         if state.get("sampler") != expected:
             logger.warning(
                 "resuming from %s with a different prompt stream (%s != %s): steps will differ from the original run",
@@ -368,12 +153,16 @@ class GRPOTrainer:
                 state.get("sampler"),
                 expected,
             )
+        note = distributed.resume_note(state.get("num_processes"), self.accelerator.num_processes)
+        if note and self.accelerator.is_main_process:
+            logger.warning("%s", note)
         self.accelerator.load_state(str(path))
         self.step = int(state["step"])
         self.history = MetricsHistory(state.get("history", []))
+        self.health.replay(self.history.records)
         self._last_saved_step = self.step
         self._last_eval_step = state.get("last_eval_step")
-        self._sync_policy_weights()
+        grpo.sync_weights(self.parts)
         if self.accelerator.is_main_process:
             logger.warning("resumed from %s at step %d", path, self.step)
 
@@ -382,7 +171,9 @@ class GRPOTrainer:
         """Run until ``max_steps``: steps, evals, checkpoints; then the final checkpoint, curve and metrics."""
         cfg = self.config
         try:
-            with self._progress() as advance:
+            stage = "SFT" if cfg.algorithm.name == "sft" else "GRPO"
+            printing = cfg.logging.progress_bar and self.accelerator.is_main_process
+            with step_printer(stage, cfg.max_steps, self.step, lambda: self.step, enabled=printing) as advance:
                 while self.step < cfg.max_steps:
                     metrics = self.train_step()
                     if eval_due(self.step, cfg.eval.every, cfg.max_steps):
@@ -396,6 +187,8 @@ class GRPOTrainer:
             if cfg.checkpoint.save_model:
                 self.save_model()
             self._write_run_files()
+        except BaseException as exc:  # tell the other ranks before close() tears the process group down
+            raise distributed.explain_failure(self.accelerator, exc)  # noqa: B904 (exc itself, or a RankFailure chained to it)
         finally:
             self.close()
         return self.history
@@ -412,10 +205,17 @@ class GRPOTrainer:
             and not eval_due(next_step, cfg.eval.every, cfg.max_steps)
             and not (cfg.checkpoint.every and next_step % cfg.checkpoint.every == 0)
         )
+        if self.sft_data is not None:
+            metrics = sft_step(self.parts, self.sft_data, self.sft_sampler, self.step)
+            self.step = next_step
+            return distributed.mean_over_processes(self.accelerator, metrics)
         batch, metrics = grpo.train_step(self.parts, self.step, self.prefetch, prefetch_next=prefetch_next)
         self.step = next_step
         self.last_batch = batch
-        metrics = self._mean_over_processes(metrics)
+        metrics = distributed.mean_over_processes(self.accelerator, metrics)
+        # std and fractions over every process's episodes, not a mean of the processes' values
+        if self.accelerator.num_processes > 1:
+            metrics |= rollout_metrics(gather_object(list(batch.stats)))
         if cfg.logging.samples_jsonl and cfg.logging.samples_per_step and self.accelerator.is_main_process:
             append_jsonl(
                 self.run_dir / "train_samples.jsonl",
@@ -429,65 +229,10 @@ class GRPOTrainer:
             )
         return metrics
 
-    def _sync_policy_weights(self) -> None:
-        """Give a non-shared policy (vLLM) the current weights; sharded models are gathered first."""
-        if self.config.policy.backend != "vllm":
-            return
-        with self._full_parameters():
-            self.policy.update_weights(self.accelerator.unwrap_model(self.model))
-
-    @contextlib.contextmanager
-    def _full_parameters(self) -> Iterator[None]:
-        acc = self.accelerator
-        kind = acc.distributed_type.value
-        if kind == "DEEPSPEED" and acc.state.deepspeed_plugin.zero_stage == 3:
-            import deepspeed
-
-            with deepspeed.zero.GatheredParameters(list(self.model.parameters())):
-                yield
-        elif kind == "FSDP":
-            from torch.distributed.fsdp import FullyShardedDataParallel
-
-            with FullyShardedDataParallel.summon_full_params(self.model, writeback=False):
-                yield
-        else:
-            yield
-
-    # ------------------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict[str, float]:
-        """``eval.num_prompts`` test prompts, one sample each at ``eval.temperature``; logs samples JSONL."""
-        cfg, acc = self.config, self.accelerator
+        """``eval.num_prompts`` test prompts, one sample each (:func:`rlf_trainer.evaluation.evaluate`)."""
         self._last_eval_step = self.step
-        mine = list(range(cfg.eval.num_prompts))[acc.process_index :: acc.num_processes]
-        num_envs = self.local_prompts * self.group_size
-        stats: list[EpisodeStats] = []
-        transcripts: list[list[dict[str, Any]]] = []
-        self.policy.wake_up()
-        for chunk_start in range(0, len(mine), num_envs):
-            chunk = mine[chunk_start : chunk_start + num_envs]
-            padded = chunk + [chunk[-1]] * (num_envs - len(chunk))
-            sampling = SamplingParams(
-                max_new_tokens=cfg.rollout.max_new_tokens,
-                temperature=cfg.eval.temperature,
-                top_p=cfg.eval.top_p,
-                seed=ckpt.step_seed(cfg.seed, self.step, acc.process_index, 1 << 20, chunk_start),
-            )
-            batch = grpo.play(self.parts, padded, sampling, cfg.env.test_split, group_size=1)
-            stats.extend(batch.stats[: len(chunk)])
-            transcripts.extend(batch.transcripts[: len(chunk)])
-        self.policy.sleep()
-        metrics = rollout_metrics(stats, prefix="eval/")
-        metrics = {("eval/reward" if k == "eval/reward/mean" else k): v for k, v in metrics.items()}
-        metrics = self._mean_over_processes(metrics)
-        if cfg.logging.samples_jsonl:
-            records = sample_records(
-                stats, transcripts, step=self.step, limit=cfg.eval.samples_to_log, kind="eval"
-            )
-            if acc.num_processes > 1:  # every process evaluated its share of the prompts
-                records = gather_object(records)[: cfg.eval.samples_to_log]
-            if acc.is_main_process:
-                append_jsonl(self.run_dir / "eval_samples.jsonl", records)
-        return metrics
+        return evaluate(self.parts, self.step, self.run_dir)
 
     # ------------------------------------------------------------------------------ bookkeeping
     def save_checkpoint(self) -> Path:
@@ -501,10 +246,11 @@ class GRPOTrainer:
                 path,
                 {
                     "step": self.step,
-                    "sampler": self.sampler.state(self.step, cfg.rollout.prompts_per_step),
+                    "num_processes": acc.num_processes,
+                    "sampler": self._data_state(self.step),
                     "rng": {
                         "seed": cfg.seed,
-                        "next_generation_seed": ckpt.step_seed(cfg.seed, self.step, 0),
+                        "sampling_seeds": "rlf_trainer.seeds.sample_seed(seed, step=..., episode=..., turn=...)",
                         "process_states": "random_states_<rank>.pkl (python, numpy, torch; saved by Accelerate)",
                     },
                     "last_eval_step": self._last_eval_step,
@@ -530,7 +276,7 @@ class GRPOTrainer:
         out = Path(path) if path is not None else self.config.model_dir
         acc = self.accelerator
         acc.wait_for_everyone()
-        with self._full_parameters():
+        with full_parameters(acc, self.model):
             if acc.is_main_process:
                 model = acc.unwrap_model(self.model)
                 weights = {name: t.detach().contiguous() for name, t in inference_state_dict(model).items()}
@@ -541,10 +287,14 @@ class GRPOTrainer:
         return out
 
     def _log(self, metrics: dict[str, float]) -> None:
+        health = self.health.update(self.step, metrics)
+        metrics = metrics | health.flags
         self.history.add(self.step, metrics)
         self.accelerator.log(metrics, step=self.step)
         if self.accelerator.is_main_process:
             self.history.write_jsonl(self.run_dir / "metrics.jsonl")
+            self.health_log.write(health)
+        self.health_log.raise_on_failure(health)  # every process: they stop together
 
     def _write_run_files(self) -> None:
         if not self.accelerator.is_main_process:
@@ -554,44 +304,6 @@ class GRPOTrainer:
             self.history, self.run_dir / "learning_curve.png", title=self.config.logging.run_name
         )
 
-    def _mean_over_processes(self, metrics: dict[str, float]) -> dict[str, float]:
-        acc = self.accelerator
-        if acc.num_processes == 1:
-            return metrics
-        gathered: list[dict[str, float]] = gather_object([metrics])
-        keys = sorted({k for m in gathered for k in m})
-        return {k: float(np.mean([m[k] for m in gathered if k in m])) for k in keys}
-
-    @contextlib.contextmanager
-    def _progress(self) -> Iterator[Callable[[dict[str, float]], None]]:
-        """A rich bar on a terminal; one line a step otherwise (logs, pipes, CI), so no run is silent."""
-        if not (self.config.logging.progress_bar and self.accelerator.is_main_process):
-            yield lambda metrics: None
-            return
-        if not sys.stdout.isatty():
-            print(f"GRPO: {self.config.max_steps - self.step} steps to go, a line after each", flush=True)
-            yield lambda metrics: print(progress_line(self.step, self.config.max_steps, metrics), flush=True)
-            return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        columns = (
-            TextColumn("[bold]GRPO"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(),
-            TextColumn("{task.description}"),
-        )
-        with Progress(*columns) as progress:
-            task = progress.add_task("", total=self.config.max_steps, completed=self.step)
-
-            def advance(metrics: dict[str, float]) -> None:
-                text = f"reward {metrics.get('reward/mean', float('nan')):.3f}"
-                if "eval/reward" in metrics:
-                    text += f"  eval {metrics['eval/reward']:.3f}"
-                progress.update(task, completed=self.step, description=text)
-
-            yield advance
-
     def close(self) -> None:
         """Shut the policy down, end the trackers (flushes TensorBoard), close the envs (stops their tool servers)."""
         if getattr(self, "_closed", False):
@@ -600,5 +312,6 @@ class GRPOTrainer:
         if getattr(self, "prefetch", None) is not None:
             self.prefetch.close()
         self.policy.close()  # first: a vLLM engine needs the process group that end_training destroys
+        distributed.stop_rank_watch(self.accelerator)
         self.accelerator.end_training()
         self.envs.close()

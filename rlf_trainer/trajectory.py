@@ -13,6 +13,7 @@ when they call these.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,12 +21,26 @@ from typing import Any
 
 import numpy as np
 
+from rlf_envs.info_keys import (
+    ANSWER,
+    ERRORS,
+    FINISH_ANSWER,
+    FINISH_MAX_TOKENS,
+    FINISH_MAX_TURNS,
+    FINISH_SIM_ERROR,
+    INACTIVE,
+    MESSAGES,
+    REWARD_INFO,
+    SIM_ERROR,
+    TASK_ID,
+    TASK_METADATA,
+    TOOL_CALLS,
+    TOOL_MESSAGES,
+    TOOLS,
+    USER_MESSAGE,
+)
 from rlf_trainer import chat
 from rlf_trainer.policy.base import Completion, SamplingParams
-
-FINISH_ANSWER = "answer"  # the env terminated the episode (an answer, or a turn without tool call)
-FINISH_MAX_TURNS = "max_turns"  # the env truncated it (max_turns or its own budget)
-FINISH_MAX_TOKENS = "max_total_tokens"  # our token budget ran out; force-finished with an empty turn
 
 
 class RolloutError(RuntimeError):
@@ -42,6 +57,7 @@ class EpisodeStats:
     tool_calls: int = 0
     tool_errors: int = 0
     error_kinds: list[str] = field(default_factory=list)
+    tool_call_keys: list[str] = field(default_factory=list)  # name + arguments of each call, to spot repeats
     answered: bool | None = None
     correct: bool | None = None
     prompt_length: int = 0
@@ -53,6 +69,7 @@ class EpisodeStats:
     reward_info: dict[str, Any] = field(default_factory=dict)
     user_turns: int = 0  # dialogue envs: messages of the simulated user after the prompt
     sim_error: str | None = None  # the env's info["sim_error"]: the user simulator failed (a kind)
+    task_metadata: dict[str, Any] = field(default_factory=dict)  # reset info: e.g. DeepSearch's hops
 
 
 @dataclass
@@ -133,12 +150,13 @@ def check_autoreset_disabled(envs: Any) -> None:
 
 
 def start_trajectory(tokenizer: Any, info: dict[str, Any], *, group: int) -> Trajectory:
-    messages = list(info.get("messages") or [])
-    tools = list(info.get("tools") or [])
+    messages = list(info.get(MESSAGES) or [])
+    tools = list(info.get(TOOLS) or [])
     if not messages:
         raise RolloutError("reset info has no 'messages': the env does not follow the env contract")
     ids = chat.prompt_ids(tokenizer, messages, tools)
-    stats = EpisodeStats(task_id=info.get("task_id"), group=group, prompt_length=len(ids))
+    stats = EpisodeStats(task_id=info.get(TASK_ID), group=group, prompt_length=len(ids),
+                         task_metadata=dict(info.get(TASK_METADATA) or {}))  # fmt: skip
     traj = Trajectory(token_ids=[], loss_mask=[], logprobs=[], stats=stats, messages=messages, tools=tools)
     traj.append(ids, trained=False)
     return traj
@@ -186,9 +204,12 @@ def start_rollout(
 
 
 def record_tool_use(stats: EpisodeStats, info: dict[str, Any]) -> None:
-    calls = list(info.get("tool_calls") or [])
+    calls = list(info.get(TOOL_CALLS) or [])
     stats.tool_calls += len(calls)
-    errors = [str(e) for e in (info.get("errors") or [])]
+    stats.tool_call_keys.extend(
+        json.dumps([c.get("name"), c.get("arguments")], sort_keys=True, default=str) for c in calls
+    )
+    errors = [str(e) for e in (info.get(ERRORS) or [])]
     stats.tool_errors += len(errors)
     stats.error_kinds.extend(errors)
 
@@ -218,13 +239,15 @@ def finish_trajectory(traj: Trajectory, reward: float, info: dict[str, Any], *, 
     traj.done = True
     stats = traj.stats
     stats.reward = float(sum(traj.step_rewards)) if traj.step_rewards else reward
-    stats.reward_info = dict(info.get("reward_info") or {})
+    stats.reward_info = dict(info.get(REWARD_INFO) or {})
     if traj.force_finish:
         stats.finish_reason = FINISH_MAX_TOKENS
+    elif info.get(SIM_ERROR):
+        stats.finish_reason = FINISH_SIM_ERROR
     else:
         stats.finish_reason = FINISH_ANSWER if terminated else FINISH_MAX_TURNS
-    if "answer" in info:
-        stats.answered = info["answer"] is not None
+    if ANSWER in info:
+        stats.answered = info[ANSWER] is not None
     stats.correct = _correct_from(stats.reward_info)
 
 
@@ -235,10 +258,10 @@ def step_messages(info: dict[str, Any]) -> list[dict[str, Any]]:
         >>> step_messages({"tool_messages": [], "user_message": {"role": "user", "content": "hi"}})
         [{'role': 'user', 'content': 'hi'}]
     """
-    tool_messages = list(info.get("tool_messages") or [])
+    tool_messages = list(info.get(TOOL_MESSAGES) or [])
     if tool_messages:
         return tool_messages
-    user_message = info.get("user_message")
+    user_message = info.get(USER_MESSAGE)
     return [dict(user_message)] if user_message else []
 
 
@@ -312,19 +335,19 @@ def apply_step(
 ) -> None:
     """Fold env ``index``'s ``(reward, terminated, truncated, info)`` into its trajectory."""
     reward, terminated, truncated, info = step
-    if info.get("inactive"):
+    if info.get(INACTIVE):
         raise RolloutError(
             f"env {index} was finished before the rollout ended it: autoreset must be Disabled"
         )
     traj.stats.turns += 1
     traj.step_rewards.append(float(reward))
     record_tool_use(traj.stats, info)
-    if info.get("user_message"):
+    if info.get(USER_MESSAGE):
         traj.stats.user_turns += 1
-    if info.get("sim_error"):
-        traj.stats.sim_error = str(info["sim_error"])
-    if "messages" in info:
-        traj.messages = list(info["messages"])
+    if info.get(SIM_ERROR):
+        traj.stats.sim_error = str(info[SIM_ERROR])
+    if MESSAGES in info:
+        traj.messages = list(info[MESSAGES])
     if terminated or truncated:
         finish_trajectory(traj, float(reward), info, terminated=bool(terminated))
         return

@@ -19,7 +19,7 @@ WHEELS=(gymnasium==1.4.0 farama-notifications==0.0.6 cloudpickle==3.1.3 mcp==2.3
         pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0
         anyio==4.16.0 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0
         rpds-py==2026.9.1 starlette==1.10.0 uvicorn==0.55.0 sse-starlette==3.7.1 python-multipart==0.0.34
-        pyjwt==2.15.1 bm25s==0.3.16)
+        pyjwt==2.15.1 bm25s==0.3.16 cryptography==50.0.2 cffi==2.1.1 pycparser==3.12)  # mcp 2.3 needs cryptography
 
 if [[ "${1:-}" == "--fetch-wheels" ]]; then
     mkdir -p .whl

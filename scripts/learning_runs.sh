@@ -6,11 +6,16 @@
 #   scripts/learning_runs.sh                    # seeds 0 1 2 into runs/learning/
 #   SEEDS="3" OUT=/tmp/runs scripts/learning_runs.sh max_steps=5   # extra args: config overrides
 #   SUMMARY_ONLY=1 scripts/learning_runs.sh     # recompute the summary from existing runs
+#   scripts/learning_runs.sh deepsearch SEED    # the DeepSearch recipe (collect -> SFT -> GRPO), one seed
 #
 # Needs the prepared model (python -m rlf_trainer.models prepare smollm2-135m; the config also
 # prepares it on first use). Each run takes ~20 minutes on 2 quiet cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [[ "${1:-}" == "deepsearch" ]]; then  # the DeepSearch recipe, one seed: scripts/deepsearch_runs.sh
+  shift
+  exec bash scripts/deepsearch_runs.sh "$@"
+fi
 
 OUT=${OUT:-runs/learning}
 SEEDS=${SEEDS:-"0 1 2"}
@@ -35,7 +40,7 @@ from rlf_trainer.metrics import rollout_metrics
 from rlf_trainer.policy.base import SamplingParams
 from rlf_trainer.policy.hf import HFPolicy
 from rlf_trainer.rollout import run_rollout
-from rlf_trainer.trainer import env_kwargs, resolve_model_path
+from rlf_trainer.build import env_kwargs, resolve_model_path
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 config_path, out_path, *overrides = sys.argv[1:]

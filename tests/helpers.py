@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -157,7 +157,8 @@ class OpenAITestServer:
     Replies with :func:`scripted_reply`. The model name scripts failures: ``fail-<status>`` answers
     that HTTP status, ``hang`` never answers, ``garbage`` answers a 200 that is not JSON, ``empty``
     an empty message. Knobs: ``delay_s`` before each reply, ``fail_first`` (HTTP 500 for the first
-    k requests), ``reply`` (a fixed reply text). Counters: ``requests``, ``in_flight``,
+    k requests), ``reply`` (a fixed reply text), ``responder`` (a function of the request body
+    that returns the reply text). Counters: ``requests``, ``in_flight``,
     ``peak_in_flight``, ``bodies``.
     """
 
@@ -171,6 +172,7 @@ class OpenAITestServer:
         self.delay_s = 0.0
         self.fail_first = 0
         self.reply: str | None = None
+        self.responder: Callable[[dict[str, Any]], str] | None = None
         self.requests = 0
         self.in_flight = 0
         self.peak_in_flight = 0
@@ -215,7 +217,12 @@ class OpenAITestServer:
             if model == "garbage":
                 return web.Response(text="<html>not a completion</html>")
             await asyncio.sleep(self.delay_s)
-            text = "" if model == "empty" else self.reply if self.reply is not None else scripted_reply(body)
+            if model == "empty":
+                text = ""
+            elif self.responder is not None:
+                text = self.responder(body)
+            else:
+                text = self.reply if self.reply is not None else scripted_reply(body)
             return web.json_response(
                 {
                     "id": "chatcmpl-test",
@@ -383,13 +390,7 @@ def tool_calling_model_path(steps: int = 300) -> Path:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)  # atomic: a concurrent reader never sees half a model
-    return out
+    return save_model_atomically(model, tokenizer, out)
 
 
 def _latency_env_prompts(tokenizer: Any) -> list[list[int]]:
@@ -414,3 +415,66 @@ def _latency_env_prompts(tokenizer: Any) -> list[list[int]]:
     finally:
         env.close()
     return prompts
+
+
+ANSWER_WORDS = ("ping", "pong", "zorvia", "velmora")  # the answers of examples/configs/tiny_test.yaml
+
+
+def echo_prompts(tokenizer: Any) -> list[list[int]]:
+    """The first-turn prompt ids of RLF/ToolUse-v0 on tiny_test.yaml's echo questions, without tools."""
+    import gymnasium as gym
+
+    from rlf_trainer import chat
+
+    tasks = [{"id": f"t{i}", "question": f"Echo the word {w}.", "answer": w} for i, w in enumerate(ANSWER_WORDS)]
+    env = gym.make("RLF/ToolUse-v0", tasks=tasks, reward="exact_match")
+    try:
+        infos = [env.reset(options={"task_index": index})[1] for index in range(len(tasks))]
+    finally:
+        env.close()
+    return [chat.prompt_ids(tokenizer, info["messages"], info["tools"]) for info in infos]
+
+
+def answering_model_path(steps: int = 96) -> Path:
+    """The tiny Qwen3 taught to answer tiny_test.yaml's echo questions (asked without tools) with
+    ``<answer>W</answer>``, W any of :data:`ANSWER_WORDS` whatever the question: a policy that ends
+    its turns and varies within a group (about one answer in four is right), for a run that should
+    look healthy.
+
+    Fitted like :func:`tool_calling_model_path`, every prompt seeing every word in turn; built once
+    into the shared test-models folder and reused.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlf_trainer import chat
+
+    base = tiny_model_path()
+    out = base.parent / f"tiny-qwen3-answerer-{steps}"
+    if (out / "model.safetensors").is_file():
+        return out
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    prompts = echo_prompts(tokenizer)
+    replies = [chat.encode(tokenizer, f"<answer>{word}</answer><|im_end|>") for word in ANSWER_WORDS]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
+    model.train()
+    for step in range(steps):
+        prompt, target = prompts[step % len(prompts)], replies[(step + step // len(prompts)) % len(replies)]
+        ids = torch.tensor([prompt + target])
+        labels = torch.tensor([[-100] * len(prompt) + target])
+        model(input_ids=ids, labels=labels).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return save_model_atomically(model, tokenizer, out)
+
+
+def save_model_atomically(model: Any, tokenizer: Any, out: Path) -> Path:
+    """Save a fitted test model to ``out`` through a temporary folder and one rename."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)  # atomic: a concurrent reader never sees half a model
+    return out

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from rlf_trainer.config import Config, ConfigError, dump_config, load_config, parse_override
+from rlf_trainer.config import Config, ConfigError, dump_config, from_dict, load_config, parse_override
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
 
@@ -66,44 +66,114 @@ def test_overrides_follow_yaml_rules_and_win_over_the_file(tmp_path):
     assert cfg.checkpoint.dir is None and cfg.logging.run_name == "my run"
 
 
+OPTIM_KEYS = (
+    "adam_beta1, adam_beta2, adam_eps, gradient_accumulation_steps, lr, max_grad_norm, min_lr_ratio, "
+    "schedule, warmup_steps, weight_decay"
+)
+TOP_KEYS = (
+    "algorithm, checkpoint, distributed, env, eval, gradient_checkpointing, health, logging, lora, max_steps, "
+    "mixed_precision, model, optim, policy, rollout, seed"
+)
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["optim.lrr=1"], "unknown key 'optim.lrr'; valid keys in 'optim': adam_beta1"),
-        (["bogus=1"], "unknown key 'bogus'; valid keys at the top level: algorithm, checkpoint"),
+        # unknown key: a did-you-mean (difflib) when one is close, and the valid keys at that level
+        (["optim.lrr=1"], f"unknown key 'optim.lrr' (did you mean 'optim.lr'?); valid keys in 'optim': {OPTIM_KEYS}"),
+        (["maxsteps=3"], f"unknown key 'maxsteps' (did you mean 'max_steps'?); valid keys at the top level: {TOP_KEYS}"),
+        (["bogus=1"], f"unknown key 'bogus'; valid keys at the top level: {TOP_KEYS}"),
         (
             ["policy.vllm.tp=2"],
-            "unknown key 'policy.vllm.tp'; valid keys in 'policy.vllm': dtype, enable_sleep_mode",
+            "unknown key 'policy.vllm.tp'; valid keys in 'policy.vllm': dtype, enable_sleep_mode, "
+            "gpu_memory_utilization, max_model_len, tensor_parallel_size",
+        ),
+        # a value outside a fixed set of choices
+        (["algorithm.loss=ppo"], "algorithm.loss must be one of ['grpo', 'dr_grpo', 'dapo', 'gspo'], got 'ppo'"),
+        (
+            ["algorithm.loss=dapoo"],
+            "algorithm.loss must be one of ['grpo', 'dr_grpo', 'dapo', 'gspo'], got 'dapoo' (did you mean 'dapo'?)",
         ),
         (
-            ["algorithm.loss=ppo"],
-            "algorithm.loss must be one of ['grpo', 'dr_grpo', 'dapo', 'gspo'], got 'ppo'",
+            ["model.prepare=tiny"],
+            "model.prepare must be one of ['tiny-qwen3', 'smollm2-135m'] or null, got 'tiny'",
         ),
+        # wrong type
         (["algorithm.group_size=four"], "algorithm.group_size must be an integer, got 'four'"),
-        (["algorithm.group_size=2.5"], "algorithm.group_size must be an integer"),
-        (["lora.enabled=maybe"], "lora.enabled must be true or false"),
+        (["algorithm.group_size=2.5"], "algorithm.group_size must be an integer, got 2.5"),
+        (["algorithm.group_size=true"], "algorithm.group_size must be an integer, got True"),
+        (["lora.enabled=maybe"], "lora.enabled must be true or false, got 'maybe'"),
         (["optim.lr=fast"], "optim.lr must be a number, got 'fast'"),
-        (["rollout.max_turns=[1]"], "rollout.max_turns: [1] matches none of"),
-        (["optim=3"], "optim must be a mapping"),
-        (["optim.lr"], "not of the form dotted.key=value"),
-        (["optim..lr=1"], "not of the form dotted.key=value"),
+        (["logging.run_name=12"], "logging.run_name must be a string, got 12"),
+        (["rollout.max_turns=[1]"], "rollout.max_turns must be an integer or null, got [1]"),
+        (["lora.target_modules=[1]"], "lora.target_modules must be a list of strings or a string, got [1]"),
+        (["env.import_kwargs.reward=3"], "env.import_kwargs.reward must be a string or a list of strings, got 3"),
+        (["optim=3"], "optim must be a mapping, got int: 3"),
+        (["env.kwargs=[1]"], "env.kwargs must be a mapping, got list: [1]"),
+        # malformed override
+        (["optim.lr"], "override 'optim.lr' is not of the form dotted.key=value"),
+        (["optim..lr=1"], "override 'optim..lr=1' is not of the form dotted.key=value"),
+        # out of range
         (["algorithm.group_size=0"], "algorithm.group_size must be >= 1"),
-        (["rollout.max_total_tokens=10", "rollout.max_new_tokens=20"], "max_total_tokens must exceed"),
-        (["algorithm.clip_eps_low=0.2", "algorithm.clip_eps_high=0.3"], "use algorithm.loss=dapo"),
-        (["model.path=''"], "model.path is required"),
+        (["optim.lr=0"], "optim.lr must be > 0"),
+        (["max_steps=-1"], "max_steps must be >= 0"),
+        (["rollout.top_p=1.5"], "rollout.top_p must be in (0, 1]"),
+        (["optim.min_lr_ratio=2"], "optim.min_lr_ratio must be in [0, 1]"),
+        (["algorithm.tis_cap=-1"], "algorithm.tis_cap must be >= 0 (or null)"),
+        (["rollout.max_concurrent_episodes=0"], "rollout.max_concurrent_episodes must be >= 1 (or null)"),
+        (["algorithm.num_iterations=0"], "algorithm.num_iterations must be >= 1"),
+        (["algorithm.mini_batches=0"], "algorithm.mini_batches must be >= 1"),
+        (["distributed.timeout_s=0"], "distributed.timeout_s must be > 0"),
+        # rules that tie fields together (Config.validate)
+        (
+            ["rollout.max_total_tokens=10", "rollout.max_new_tokens=20"],
+            "rollout.max_total_tokens must exceed rollout.max_new_tokens (10 <= 20)",
+        ),
+        (
+            ["algorithm.clip_eps_low=0.2", "algorithm.clip_eps_high=0.3"],
+            "grpo clips symmetrically: leave algorithm.clip_eps_high unset or use algorithm.loss=dapo",
+        ),
+        (
+            ["algorithm.loss=gspo", "algorithm.turn_rewards=discounted"],
+            "gspo has one ratio per sequence: algorithm.turn_rewards must be 'sum'",
+        ),
+        (["rollout.overlap=true"], "rollout.overlap needs policy.backend=vllm: the HF policy generates"),
+        (["model.path=''"], "model.path is required (or model.prepare)"),
     ],
-)
+)  # fmt: skip
 def test_bad_keys_and_values_are_errors_naming_the_key(overrides, message):
     base = [] if any(o.startswith("model.path") for o in overrides) else ["model.path=m"]
     with pytest.raises(ConfigError) as excinfo:
         load_config(None, base + overrides)
-    assert message in str(excinfo.value)
+    assert str(excinfo.value).startswith(message)
+
+
+def test_every_wrong_key_is_reported_at_once():
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(None, ["model.path=m", "algorithm.group_size=0", "optim.lr=-1", "optim.lrr=1"])
+    assert str(excinfo.value) == (
+        "3 problems in the config:\n"
+        "  algorithm.group_size must be >= 1\n"
+        "  optim.lr must be > 0\n"
+        f"  unknown key 'optim.lrr' (did you mean 'optim.lr'?); valid keys in 'optim': {OPTIM_KEYS}"
+    )
+
+
+def test_from_dict_checks_types_but_leaves_cross_field_rules_to_validate():
+    """The studio builds a config from a form with from_dict and calls validate itself."""
+    cfg = from_dict({"rollout": {"max_total_tokens": 10, "max_new_tokens": 20}})
+    with pytest.raises(ConfigError, match="must exceed"):
+        cfg.validate()
+    with pytest.raises(ConfigError, match="config must be a mapping, got list"):
+        from_dict([1])  # type: ignore[arg-type]
+    assert from_dict({"lora": None, "policy": {"vllm": None}}) == Config()  # `lora:` alone = defaults
 
 
 def test_unknown_key_in_a_file_is_an_error(tmp_path):
     path = write(tmp_path, "model: {path: m}\nrollout: {temprature: 0.7}\n")
     with pytest.raises(
-        ConfigError, match=r"unknown key 'rollout.temprature'; valid keys in 'rollout': .*temperature"
+        ConfigError,
+        match=r"unknown key 'rollout.temprature' \(did you mean 'rollout.temperature'\?\); valid keys in 'rollout'",
     ):
         load_config(path)
     with pytest.raises(ConfigError, match="top level must be a mapping"):
@@ -116,6 +186,11 @@ def test_parse_override_types():
     assert parse_override("a=null") == ("a", None)
     assert parse_override("a=x=y") == ("a", "x=y")
     assert parse_override("a=") == ("a", "")
+    assert parse_override("optim.lr=1e-6") == ("optim.lr", "1e-6")  # YAML 1.1; the number field takes it
+    assert (
+        load_config(None, ["model.path=m", "optim.lr=1e-6", "rollout.temperature=1"]).rollout.temperature
+        == 1.0
+    )
 
 
 def test_dump_then_load_round_trips(tmp_path):
@@ -129,7 +204,7 @@ def test_dump_then_load_round_trips(tmp_path):
     assert load_config(tmp_path / "out.yaml") == cfg
 
 
-@pytest.mark.parametrize("name", ["deepsearch_qwen3_4b.yaml", "smollm2_cpu.yaml", "tiny_test.yaml"])
+@pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
 def test_shipped_configs_load(name):
     cfg = load_config(EXAMPLES / name)
     assert isinstance(cfg, Config) and cfg.max_steps > 0
@@ -144,3 +219,4 @@ def test_deepsearch_recipe_matches_rl_factory():
     assert (cfg.rollout.temperature, cfg.rollout.top_p) == (0.7, 0.95)
     assert cfg.policy.backend == "vllm" and cfg.policy.vllm.gpu_memory_utilization == 0.75
     assert cfg.mixed_precision == "bf16" and cfg.gradient_checkpointing is True
+    assert cfg.algorithm.mini_batches == 4  # train_batch_size 128 / ppo_mini_batch_size 32

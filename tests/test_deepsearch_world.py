@@ -346,7 +346,7 @@ def test_build_index_cli_from_corpus_and_world(
 
 def _episode(instance, response: str) -> Episode:
     return Episode(
-        task=instance,
+        instance=instance,
         messages=[],
         final_response=response,
         final_answer=None,

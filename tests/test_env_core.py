@@ -82,7 +82,7 @@ def test_episode_with_tool_then_answer():
     obs, reward, terminated, truncated, info = env.step("<answer>9</answer>")
     assert (obs, reward, terminated, truncated) == ("", 1.0, True, False)
     assert info["answer"] == "9" and info["reward_info"]["em"] == 1.0
-    assert info["episode_stats"] == {"turns": 2, "tool_calls": 1, "tool_errors": 0}
+    assert "episode_stats" not in info  # the trainer counts turns and calls itself
     env.close()
 
 

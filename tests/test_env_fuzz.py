@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlf_envs.episode import error_kinds
 from rlf_envs.tasks.tool_use import make_tool_use_task
+from rlf_envs.types import ErrorKind
 from rlf_envs.vector import ToolVectorEnv
 
 TASKS = [{"question": f"q{i}", "answer": str(i)} for i in range(4)]
@@ -52,7 +52,7 @@ def test_vector_step_never_raises_and_keeps_every_result(batch):
     ENVS.reset(seed=0, options={"task_indices": [0, 1, 2, 3]})
     obs, rewards, terminated, truncated, infos = ENVS.step(batch)
     assert len(obs) == 4 and rewards.shape == (4,)
-    known = set(error_kinds())
+    known = {kind.value for kind in ErrorKind}
     for i in range(len(batch)):
         done = terminated[i] or truncated[i]
         if not done:

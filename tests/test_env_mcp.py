@@ -23,7 +23,7 @@ def call(name, **arguments):
 def stats_of(envs):
     """The latency server's counters, read through the env itself (a fresh single-env step)."""
     vec = envs.unwrapped
-    result = vec._loop.run(vec.toolbox.call_many([_tool_call("stats")]))[0]
+    result = vec.runtime.run(vec.toolbox.call_many([_tool_call("stats")]))[0]
     return json.loads(result.text)
 
 

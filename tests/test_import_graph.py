@@ -24,13 +24,20 @@ PACKAGES = ("rlf_envs", "envs_registry", "rlf_trainer", "rlf_bench", "rlf_serve"
 ENV_LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "base",
-        ("rlf_envs.types", "rlf_envs.answers", "rlf_envs.runtime", "rlf_envs.spaces", "rlf_envs.llm_client"),
+        (
+            "rlf_envs.types",
+            "rlf_envs.answers",
+            "rlf_envs.runtime",
+            "rlf_envs.spaces",
+            "rlf_envs.llm_client",
+            "rlf_envs.info_keys",
+        ),
     ),
     (
         "services",
         ("rlf_envs.tools", "rlf_envs.rewards", "rlf_envs.servers", "rlf_envs.isolation", "rlf_envs.dialogue"),
     ),
-    ("core", ("rlf_envs.task rlf_envs.episode rlf_envs.env rlf_envs.vector",)),  # one component
+    ("core", ("rlf_envs.task rlf_envs.episode rlf_envs.env_runtime rlf_envs.env rlf_envs.vector",)),  # one component
     (
         "tasks",
         (

@@ -38,7 +38,7 @@ async def get_json(url: str) -> Any:
 def episode(question: str, answer: str | None, gold: Any, *, terminated: bool = True) -> Episode:
     final = "" if answer is None else f"<answer>{answer}</answer>"
     return Episode(
-        task=TaskInstance(id=question, question=question, answer=gold),
+        instance=TaskInstance(id=question, question=question, answer=gold),
         messages=[],
         final_response=final,
         final_answer=answer,

@@ -55,7 +55,7 @@ def test_an_env_over_a_real_server_closes_inside_a_running_loop():
     )
     _, info = env.reset(seed=0)
     assert info["tools"], "the server's tools reached the env"
-    env_loop = env.unwrapped._loop
+    env_loop = env.unwrapped.runtime.loop
 
     async def close_here() -> None:
         env.close()

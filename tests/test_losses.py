@@ -9,63 +9,53 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlf_trainer.advantages import group_advantages, overlong_penalty, zero_variance_groups
+from rlf_trainer.advantages import overlong_penalty, turn_advantages
 from rlf_trainer.losses import (
-    dapo_loss,
-    dr_grpo_loss,
-    grpo_loss,
-    gspo_loss,
-    kl_k1,
-    kl_k2,
-    kl_k3,
-    kl_penalty,
+    LossSpec,
+    Normaliser,
+    aggregate,
+    approx_kl,
+    loss_terms,
+    masked_kl,
     policy_loss,
     selective_log_softmax,
-    seq_mean_token_mean,
     token_entropy,
     truncated_importance_weights,
 )
 
+
+def kl_k1(logp, ref):
+    return masked_kl(logp, ref, torch.ones_like(logp), "k1")
+
+
+def kl_k2(logp, ref):
+    return masked_kl(logp, ref, torch.ones_like(logp), "k2")
+
+
+def kl_k3(logp, ref):
+    return masked_kl(logp, ref, torch.ones_like(logp), "k3")
+
+
+def seq_mean_token_mean(values, mask):
+    return ((values * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+
+
+def grpo_loss(logp, old, adv, mask, *, eps=0.2, **kwargs):
+    return policy_loss("grpo", logp, old, adv, mask, eps_low=eps, **kwargs)
+
+
+def dr_grpo_loss(logp, old, adv, mask, *, max_len, eps=0.2):
+    return policy_loss("dr_grpo", logp, old, adv, mask, eps_low=eps, max_len=max_len)
+
+
+def dapo_loss(logp, old, adv, mask, **kwargs):
+    return policy_loss("dapo", logp, old, adv, mask, **kwargs)
+
+
+def gspo_loss(logp, old, adv, mask, **kwargs):
+    return policy_loss("gspo", logp, old, adv, mask, **kwargs)
+
 # ---------------------------------------------------------------- advantages
-
-
-def test_group_advantages_grpo_flat_and_grouped_shapes():
-    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0])
-    # group 1: mean .5, unbiased std sqrt((.25 + .25) / 1) = .7071 -> +-.5/.7071 = +-.7071; group 2: all 0
-    flat = group_advantages(rewards, 2)
-    assert flat.shape == (4,)
-    assert flat.tolist() == pytest.approx([0.70710, -0.70710, 0.0, 0.0], abs=1e-4)
-    grouped = group_advantages(rewards.reshape(2, 2), 2)
-    assert grouped.shape == (2, 2)
-    assert grouped.flatten().tolist() == pytest.approx(flat.tolist())
-
-
-def test_group_advantages_three_samples_by_hand():
-    # mean 1, deviations (2, -1, -1), unbiased std sqrt((4 + 1 + 1) / 2) = sqrt(3)
-    adv = group_advantages(torch.tensor([3.0, 0.0, 0.0]), 3)
-    s3 = math.sqrt(3)
-    assert adv.tolist() == pytest.approx([2 / s3, -1 / s3, -1 / s3], abs=1e-5)
-
-
-def test_dr_grpo_advantages_are_only_centered():
-    adv = group_advantages(torch.tensor([2.0, 0.0, 5.0, 1.0]), 2, normalize_std=False)
-    assert adv.tolist() == pytest.approx([1.0, -1.0, 2.0, -2.0])
-
-
-def test_group_of_one_has_zero_advantage_not_nan():
-    adv = group_advantages(torch.tensor([0.3, 0.9]), 1)
-    assert adv.tolist() == [0.0, 0.0]
-
-
-def test_rewards_that_do_not_split_into_groups_are_rejected():
-    with pytest.raises(ValueError, match="groups of 3"):
-        group_advantages(torch.zeros(4), 3)
-
-
-def test_zero_variance_groups():
-    rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5, 0.5])
-    assert zero_variance_groups(rewards, 2).tolist() == [True, False, True]
-    assert zero_variance_groups(torch.tensor([1.0, 1.05]), 2, atol=0.1).tolist() == [True]
 
 
 @settings(max_examples=60, deadline=None)
@@ -74,9 +64,10 @@ def test_advantages_sum_to_zero_and_have_unit_std_per_group(group_size, num_grou
     values = data.draw(
         st.lists(st.floats(-5, 5), min_size=group_size * num_groups, max_size=group_size * num_groups)
     )
+    adv = torch.tensor(
+        turn_advantages([[v] for v in values], group_size, mode="sum", eps=1e-12), dtype=torch.float64
+    ).reshape(num_groups, group_size)
     rewards = torch.tensor(values, dtype=torch.float64).reshape(num_groups, group_size)
-    adv = group_advantages(rewards, group_size, eps=1e-12)
-    assert adv.dtype == torch.float64
     assert adv.sum(dim=1).abs().max().item() < 1e-9
     for row, adv_row in zip(rewards, adv, strict=True):
         if row.std() > 1e-3:
@@ -204,8 +195,31 @@ def test_gspo_loss_uses_one_ratio_per_sequence():
     # seq 1: d(-s1)/dlogp_t = -s1 / |o_1| for its two tokens; seq 2 is clipped: no gradient
     assert logp.grad[0].tolist() == pytest.approx([-s1 / 2 / 2, -s1 / 2 / 2, 0.0], abs=1e-6)
     assert logp.grad[1].abs().max().item() == 0.0
-    with pytest.raises(ValueError, match="per sequence"):
-        gspo_loss(logp, old, ADV[:, None].expand(2, 3), MASK)
+    # a per-token advantage is averaged over the sequence's trained tokens first
+    per_token, _ = gspo_loss(logp, old, ADV[:, None].expand(2, 3), MASK)
+    assert per_token.item() == pytest.approx(loss.item())
+
+
+def test_micro_batch_shares_with_the_step_normaliser_add_up_to_the_batch_loss():
+    logp, old = _logps()
+    for variant in ("grpo", "dr_grpo", "dapo", "gspo"):
+        whole, _ = policy_loss(variant, logp, old, ADV, MASK, max_len=4)
+        spec = LossSpec(variant, max_len=4)
+        norm = Normaliser.of(MASK, max_len=4)
+        shares = 0.0
+        for rows in ([0], [1]):
+            terms, kl, _ = loss_terms(spec, logp[rows], old[rows], ADV[rows], MASK[rows])
+            shares += aggregate(variant, terms, kl, MASK[rows], norm).item()
+        assert shares == pytest.approx(whole.item(), abs=1e-6), variant
+
+
+def test_one_kl_implementation_masks_untrained_tokens():
+    logp, old = _logps()
+    old = old.clone()
+    old[0, 2] = -1e4  # an untrained position: it must not count
+    expected = kl_k3(old[MASK > 0], logp[MASK > 0]).mean()  # the 5 trained tokens only
+    assert approx_kl(logp, old, MASK).item() == pytest.approx(expected.item(), rel=1e-6)
+    assert masked_kl(old, logp, MASK)[0, 2].item() == 0.0
 
 
 def test_kl_penalty_is_added_per_token_and_reported():
@@ -285,11 +299,13 @@ def test_policy_loss_rejects_bad_configurations():
 def test_every_loss_adds_the_chosen_kl_estimator_like_its_own_surrogate(estimator):
     logp, old = _logps()
     ref = old - 0.3
-    per_token, metrics = kl_penalty(logp, ref, 0.5, MASK, estimator)
+    _, per_token, metrics = loss_terms(
+        LossSpec("grpo", beta=0.5, kl_estimator=estimator), logp, old, ADV, MASK, ref_logp=ref
+    )
     expected = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}[estimator](logp, ref) * MASK
     assert torch.allclose(per_token * MASK, 0.5 * expected)
     assert metrics["kl"].item() == pytest.approx(expected.sum().item() / MASK.sum().item(), abs=1e-6)
-    for variant, aggregate in [
+    for variant, expected_share in [
         ("grpo", lambda v: seq_mean_token_mean(v, MASK)),
         ("dapo", lambda v: (v * MASK).sum() / MASK.sum()),
         ("dr_grpo", lambda v: (v * MASK).sum() / (v.shape[0] * 10)),
@@ -298,7 +314,7 @@ def test_every_loss_adds_the_chosen_kl_estimator_like_its_own_surrogate(estimato
         with_kl, m = policy_loss(
             variant, logp, old, ADV, MASK, max_len=10, ref_logp=ref, beta=0.5, kl_estimator=estimator
         )
-        assert with_kl.item() == pytest.approx(base.item() + aggregate(per_token).item(), abs=1e-6)
+        assert with_kl.item() == pytest.approx(base.item() + expected_share(per_token).item(), abs=1e-6)
         assert m["kl"].item() == pytest.approx(metrics["kl"].item())
 
 

@@ -188,7 +188,8 @@ def test_writes_outside_the_working_directory_are_denied(server: Any, tmp_path: 
         "shutil.rmtree('a')\nwith tempfile.TemporaryDirectory() as scratch:\n    print(os.listdir('.'))",
     )
     assert f"sandbox: writing '{target}' is not allowed" in text_of(absolute)
-    assert "sandbox: writing '/tmp/rlf-escaped.txt' is not allowed" in text_of(relative)
+    # os.open's event does not say whether dir_fd was given, so a relative name may only be read
+    assert "sandbox: os.open with a relative path may only read" in text_of(relative)
     assert not target.exists() and not Path("/tmp/rlf-escaped.txt").exists()
     assert text_of(inside).startswith("kept\n['tmp"), text_of(inside)  # the working directory is writable
     assert text_of(inside).endswith("[exit code 0]")

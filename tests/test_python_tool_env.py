@@ -180,3 +180,19 @@ def test_new_modules_never_import_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert out.strip() == "[]"
+
+
+def test_auto_fallback_to_guards_warns_in_reset_info_and_the_servers_instructions() -> None:
+    """bwrap that does not work here: 'auto' falls back, the reset info says so, and the server is
+    started with 'auto' too, so its MCP instructions warn every client (test_sandbox_guards checks
+    what a server started that way says)."""
+    from rlf_envs.tasks.python_tool.task import PythonToolTask
+
+    task = PythonToolTask(isolation="auto", bwrap_path="/nonexistent/bwrap")
+    assert task.isolation.value == "guards" and "not a security boundary" in task.env_info()["sandbox"]["warning"]
+    args = task.mcp_config()["mcpServers"]["python"]["args"]
+    assert args[args.index("--isolation") + 1] == "auto"
+    forced = PythonToolTask(isolation="guards", bwrap_path="/nonexistent/bwrap")
+    assert "warning" not in forced.env_info()["sandbox"]  # guards on purpose: the user chose it
+    forced_args = forced.mcp_config()["mcpServers"]["python"]["args"]
+    assert forced_args[forced_args.index("--isolation") + 1] == "guards"

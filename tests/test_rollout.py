@@ -9,6 +9,7 @@ episode; these sync policies are adapted by ``as_async_policy``, one request at 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import threading
 from collections import defaultdict
@@ -19,7 +20,7 @@ import torch
 
 import rlf_envs  # noqa: F401  (registers the env ids)
 from rlf_trainer import chat
-from rlf_trainer.advantages import token_advantages
+from rlf_trainer.advantages import spread_over_tokens, turn_advantages
 from rlf_trainer.policy import Completion, HFPolicy, SamplingParams
 from rlf_trainer.rollout import (
     FINISH_ANSWER,
@@ -111,7 +112,11 @@ class RecordingPolicy(HFPolicy):
     def generate(self, prompts, params):
         texts = [self.tokenizer.decode(p) for p in prompts]
         forced = [self.forced_question in t and t.count("<|im_start|>assistant") == 1 for t in texts]
-        sampled = iter(super().generate([p for p, f in zip(prompts, forced, strict=True) if not f], params))
+        seeds = params.request_seeds(len(prompts))
+        sampled_params = dataclasses.replace(
+            params, seeds=None if params.seeds is None else tuple(s for s, f in zip(seeds, forced, strict=True) if not f)
+        )
+        sampled = iter(super().generate([p for p, f in zip(prompts, forced, strict=True) if not f], sampled_params))
         replayed = iter(self.replay.generate([p for p, f in zip(prompts, forced, strict=True) if f], params))
         completions = [next(replayed) if f else next(sampled) for f in forced]
         for prompt, completion in zip(prompts, completions, strict=True):
@@ -156,7 +161,7 @@ def test_replayed_tool_turn_is_token_exact(mode, tiny_model, tiny_tokenizer):
     finally:
         envs.close()
     tok = tiny_tokenizer
-    assert batch.group_ids.tolist() == [0, 0, 1, 1]
+    assert [s.group for s in batch.stats] == [0, 0, 1, 1]
     assert batch.rewards.tolist() == [1.0, 1.0, 0.0, 0.0]
     first, wrong = batch.stats[0], batch.stats[2]
     assert (first.turns, first.tool_calls, first.tool_errors, first.correct, first.answered) == (
@@ -390,8 +395,10 @@ def test_a_tool_turn_reward_reaches_the_tokens_of_that_turn(mode, tiny_model, ti
     assert batch.turn_rewards == [[0.25, 1.0], [1.0]]
     assert batch.rewards.tolist() == [1.25, 1.0]  # the episode's return: the sum of its step rewards
     width = batch.loss_mask.shape[1]
-    per_turn = token_advantages(
-        batch.turn_rewards, batch.turn_spans, width, 2, mode="per_turn_advantage", normalize_std=False
+    per_turn = spread_over_tokens(
+        turn_advantages(batch.turn_rewards, 2, mode="per_turn_advantage", normalize_std=False),
+        batch.turn_spans,
+        width,
     )
     # by hand: turn 0 returns-to-go 1.25 and 1.0 (mean 1.125); turn 1 reached by one episode only
     (s0, e0), (s1, e1) = batch.turn_spans[0]

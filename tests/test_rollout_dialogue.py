@@ -106,7 +106,7 @@ def test_user_turns_are_token_exact_and_masked(mode, tiny_model, tiny_tokenizer)
     assert (good.turns, good.user_turns, good.tool_calls, good.sim_error, good.finish_reason) == (
         3, 1, 1, None, "answer")  # fmt: skip
     assert (flagged.turns, flagged.user_turns, flagged.sim_error, flagged.finish_reason) == (
-        1, 0, "role_flip", "max_turns")  # fmt: skip
+        1, 0, "role_flip", "sim_error")  # fmt: skip
 
     transcript, tools = batch.transcripts[0], batch.tools[0]
     assert [m["role"] for m in transcript] == [
@@ -166,11 +166,11 @@ def test_grpo_drops_flagged_episodes_from_the_batch(tiny_model, tiny_tokenizer):
 
     def parts(drop: bool) -> StepParts:
         config.rollout.drop_sim_errors = drop
-        return StepParts(config, None, None, None, None, None, None, None, None, 2, lambda: None)
+        return StepParts(config, None, None, None, None, None, None, None, None, 2)
 
-    _, keep, info = fill_batch(parts(True), 1, batch)
+    _, _, keep, info = fill_batch(parts(True), 1, batch)
     assert keep == [0, 1] and info["sim_errors_dropped"] == 2.0
-    _, keep, info = fill_batch(parts(False), 1, batch)
+    _, _, keep, info = fill_batch(parts(False), 1, batch)
     assert keep == [0, 1, 2, 3] and info["sim_errors_dropped"] == 0.0
 
 

@@ -21,7 +21,7 @@ from rlf_envs.types import Episode, TaskInstance
 
 def make_episode(answer: object, *, final_answer: str | None = None, final_response: str = "") -> Episode:
     return Episode(
-        task=TaskInstance(id="q", question="?", answer=answer),
+        instance=TaskInstance(id="q", question="?", answer=answer),
         messages=[],
         final_response=final_response,
         final_answer=final_answer,

@@ -1,4 +1,4 @@
-"""Escape attempts against the python sandbox under bubblewrap, and the guards-only fallback.
+"""Escape attempts against the python sandbox under bubblewrap (guards mode: tests/test_sandbox_guards.py).
 
 The bwrap layer is tested two ways:
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import http.server
-import logging
 import os
 import secrets
 import shutil
@@ -411,15 +410,6 @@ def test_the_server_says_which_mode_it_runs_in(setting: str) -> None:
         assert stats["sandbox_info"]["bwrap_version"] == BWRAP.version
 
 
-def test_guards_mode_runs_code_and_reports_it() -> None:
-    sandbox = PythonSandbox(SandboxLimits(cpu_s=2), isolation="guards")
-    assert sandbox.info() == {"isolation": "guards"}
-    result = asyncio.run(sandbox.run(NORMAL_CODE))
-    assert result.ok and result.stdout == "42\n"
-    denied = asyncio.run(sandbox.run(f"print(open({str(README)!r}).read())"))
-    assert f"sandbox: reading '{README}' {DENIED_READ}" in denied.to_text()  # the guards still hold
-
-
 def test_bwrap_demanded_but_missing_is_a_clear_error_everywhere() -> None:
     with pytest.raises(SandboxStartError, match=r"apt-get install bubblewrap"):
         PythonSandbox(isolation="bwrap", bwrap_path=MISSING_BWRAP)
@@ -442,13 +432,3 @@ def test_bwrap_demanded_but_missing_is_a_clear_error_everywhere() -> None:
     assert server.returncode == 2 and "apt-get install bubblewrap" in server.stderr
     with pytest.raises(SandboxConfigError, match="isolation must be one of"):
         PythonSandbox(isolation="docker")
-
-
-def test_auto_falls_back_to_guards_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
-    missing = MISSING_BWRAP + "-auto"
-    with caplog.at_level(logging.WARNING, logger="rlf_envs.isolation"):
-        first = PythonSandbox(isolation="auto", bwrap_path=missing)
-        PythonSandbox(isolation="auto", bwrap_path=missing)
-    warnings = [r for r in caplog.records if "in-process guards only" in r.getMessage()]
-    assert len(warnings) == 1 and first.info() == {"isolation": "guards"}
-    assert asyncio.run(first.run(NORMAL_CODE)).stdout == "42\n"

@@ -188,7 +188,7 @@ def test_equivalent_queries_score_and_different_ones_do_not(task, env):
 
 
 def _episode(instance, final_response):
-    from rlf_envs.rewards.rules import extract_answer
+    from rlf_envs.answers import extract_answer
     from rlf_envs.types import Episode
 
     return Episode(instance, [], final_response, extract_answer(final_response), [], 1, True, False)

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 import torch
 
-from rlf_trainer.checkpoint import PromptSampler, list_checkpoints, read_state
-from rlf_trainer.trainer import GRPOTrainer, LRSchedule, eval_due
+from rlf_trainer.checkpoint import list_checkpoints, read_state
+from rlf_trainer.prompts import PromptSampler
+from rlf_trainer.trainer import GRPOTrainer, eval_due
 from tests.helpers import REPO, TINY_CONFIG, model_params, text_reward, tiny_config, train_py_command
 
 EXPECTED_TAGS = {
@@ -29,7 +30,6 @@ EXPECTED_TAGS = {
     "turns",
     "response_length",
     "kl",
-    "sampler_kl",
     "entropy",
     "loss",
     "lr",
@@ -41,7 +41,6 @@ EXPECTED_TAGS = {
     "time/rollout",
     "time/sync",
     "samples/s",
-    "rollout/staleness",
     "kept_episodes",
     "groups/zero_variance",
     "eval/reward",
@@ -78,8 +77,12 @@ def test_two_steps_write_tensorboard_checkpoints_curve_and_samples(straight_run)
 
     last = history.records[-1]
     assert last["grad_norm"] > 0 and last["reward/std"] > 0  # the test reward gives the update a signal
-    assert last["kl"] >= 0 and last["entropy"] > 0 and last["rollout/staleness"] == 0
-    assert last["kept_episodes"] == 4 and last["sampler_kl"] < 1e-3  # HF samples with the trained model
+    # k3 KL to the reference (beta > 0): zero before the first update, positive once the policy moved
+    assert history.records[0]["kl"] == pytest.approx(0.0, abs=1e-5) and last["kl"] > 1e-6
+    assert last["entropy"] > 0 and last["kept_episodes"] == 4
+    # HF samples with the trained model and there is no overlap: sampler KL and staleness are 0 by
+    # construction, so they are not logged
+    assert not {"sampler_kl", "rollout/staleness"} & set(last)
     assert last["response_length"] > 0 and last["turns"] >= 1
 
     checkpoints = list_checkpoints(trainer.config.checkpoint_dir)
@@ -272,12 +275,6 @@ def test_prompt_sampler_covers_epochs_and_is_a_function_of_seed_and_step():
     assert sampler.state(2, 3) == {"seed": 3, "num_tasks": 7, "position": 6, "epoch": 0}
 
 
-def test_lr_schedule_shapes():
-    cosine = LRSchedule("cosine", warmup_steps=1, total_steps=5, min_ratio=0.1)
-    assert [round(cosine(s), 3) for s in range(6)] == [0.0, 1.0, 0.868, 0.55, 0.232, 0.1]
-    assert LRSchedule("constant", warmup_steps=0, total_steps=5)(3) == 1.0
-
-
 def test_eval_runs_every_n_steps_and_after_the_last():
     assert [s for s in range(1, 11) if eval_due(s, 4, 10)] == [4, 8, 10]
     assert [s for s in range(1, 9) if eval_due(s, 4, 8)] == [4, 8]
@@ -321,7 +318,7 @@ def test_cli_runs_one_step_on_cpu(tiny_model_dir, tmp_path):
 
 def silent_for_ping(episode) -> dict[str, float]:
     """0 for "ping" (a group without signal), the spread of text_reward for every other task."""
-    if "ping" in episode.task.question:
+    if "ping" in episode.instance.question:
         return {"reward": 0.0}
     return text_reward(episode)
 

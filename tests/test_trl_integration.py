@@ -128,7 +128,7 @@ def test_env_class_exposes_our_tools_to_trl_and_runs_them_through_the_env():
         # one successful call each, plus the length term of each final text
         assert rewards == pytest.approx([1.5 + (len(f) % 3) / 10 for f in finals])
         assert reward_log.rewards == rewards
-        assert [ep.task.id for ep in reward_log.episodes] == ["1", "2"]
+        assert [ep.instance.id for ep in reward_log.episodes] == ["1", "2"]
         assert [ep.final_answer for ep in reward_log.episodes] == ["4", "x"]
     finally:
         Env.close()
@@ -147,7 +147,7 @@ def test_grpo_steps_log_our_env_reward(tiny_model_dir, tmp_path):  # noqa: F811
         assert record["rewards/rlf_env_reward/mean"] == pytest.approx(sum(ours) / 4, abs=1e-5)
         assert math.isfinite(record["loss"])
     # each rollout's episode was reset onto its dataset row and ended with TRL's completion
-    assert {ep.task.id for ep in reward_log.episodes} <= {"0", "1", "2", "3"}
+    assert {ep.instance.id for ep in reward_log.episodes} <= {"0", "1", "2", "3"}
     assert all(ep.terminated for ep in reward_log.episodes)
 
 

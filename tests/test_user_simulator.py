@@ -73,14 +73,26 @@ FLAGGED = [
     ('<tool_call>{"name": "cancel_order"}</tool_call>', SimErrorKind.BROKE_FORMAT),
     ("<answer>done</answer>", SimErrorKind.BROKE_FORMAT),
     ("compan\ufffdy 42\x07book", SimErrorKind.BROKE_FORMAT),
-    ("Assistant: your order is cancelled.", SimErrorKind.ROLE_FLIP),
-    ("**Agent**: let me check that for you.", SimErrorKind.ROLE_FLIP),
+    ("<|start_header_id|>user<|end_header_id|>\nHi", SimErrorKind.BROKE_FORMAT),
+    ("[INST] cancel it [/INST]", SimErrorKind.BROKE_FORMAT),
+    ("ok<end_of_turn>", SimErrorKind.BROKE_FORMAT),
+    ('{"name": "cancel_order", "arguments": {"order_id": "#W1001"}}', SimErrorKind.BROKE_FORMAT),
+    ('cancel_order(order_id="#W1001")', SimErrorKind.BROKE_FORMAT),
+    ("Assistant: your order is cancelled.", SimErrorKind.ROLE_LABELS),
+    ("**Agent**: let me check that for you.", SimErrorKind.ROLE_LABELS),
+    ("Customer: yes, cancel it", SimErrorKind.ROLE_LABELS),
+    ("Sure.\nUser: my email is ann@example.com\nAgent: thanks!", SimErrorKind.ROLE_LABELS),
     ("Hello! How can I help you today?", SimErrorKind.ROLE_FLIP),
+    ("Sure! I can help you with that.", SimErrorKind.ROLE_FLIP),
     ("Done. Is there anything else I can help with?", SimErrorKind.ROLE_FLIP),
+    ("Your order #W1001 has been cancelled.", SimErrorKind.ROLE_FLIP),
     ("As an AI language model, I do not have orders.", SimErrorKind.LEFT_PERSONA),
     ("I am a user simulator and cannot continue.", SimErrorKind.LEFT_PERSONA),
+    ("I'm just a bot, I have no order.", SimErrorKind.LEFT_PERSONA),
     ("My instructions say to cancel an order.", SimErrorKind.REVEALED_GOAL),
     ("I want to cancel your order #W1001 because you no longer need it", SimErrorKind.REVEALED_GOAL),
+    ("I will stay in my role and write only what the user says next.", SimErrorKind.REVEALED_GOAL),
+    (f"When done I end my message with {DEFAULT_STOP_MARKER}", SimErrorKind.REVEALED_GOAL),
     (DEFAULT_STOP_MARKER, SimErrorKind.PREMATURE_STOP),
     (f"Bye. {DEFAULT_STOP_MARKER}", SimErrorKind.PREMATURE_STOP),
 ]
@@ -105,6 +117,14 @@ def test_each_rule_flags_its_constructed_output(raw, kind):
 )
 def test_ordinary_user_lines_pass(raw):
     assert check_reply(raw, INSTRUCTIONS, turn=2) is None
+
+
+def test_parroting_the_agent_is_flagged_but_echoing_a_fact_is_not():
+    agent = "I can cancel order #W1001 for you. Shall I go ahead with the cancellation?"
+    flag = check_reply("I can cancel order #W1001. Shall I go ahead with the cancellation?", INSTRUCTIONS,
+                       turn=1, agent_message=agent)  # fmt: skip
+    assert flag is not None and flag.kind is SimErrorKind.PARROTED_AGENT
+    assert check_reply("Order #W1001? Yes, go ahead.", INSTRUCTIONS, turn=1, agent_message=agent) is None
 
 
 def test_rules_can_be_switched_off_or_tuned():
@@ -203,13 +223,6 @@ def test_user_turns_stop_and_tools_in_one_episode():
     assert terminated and not truncated and info["user_stop"] and "sim_error" not in info
     assert [m["role"] for m in info["messages"]] == ["system", "user", "assistant", "user", "assistant", "tool",
                                                      "assistant", "user"]  # fmt: skip
-    assert info["episode_stats"] == {
-        "turns": 3,
-        "tool_calls": 1,
-        "tool_errors": 0,
-        "user_turns": 2,
-        "sim_error": None,
-    }
     # an <answer> still ends the episode at once, without asking the user
     env.reset(options={"task_index": 1})
     assert env.step("<answer>1</answer>")[1:4] == (1.0, True, False)

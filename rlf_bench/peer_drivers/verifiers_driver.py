@@ -74,6 +74,26 @@ def _completion(turn: int, tool_name: str | None) -> Any:
     )
 
 
+def _result(transcripts: list[list[dict]], num_envs: int, steps: int, wall: float, setup_s: float) -> dict[str, Any]:
+    """The driver's report from the finished transcripts (every tool result must be there)."""
+    tool_messages = [m for t in transcripts for m in t if m.get("role") == "tool"]
+    errors = sum(1 for m in tool_messages if "slept" not in str(m.get("content")))
+    if len(tool_messages) != num_envs * steps:
+        raise RuntimeError(f"expected {num_envs * steps} tool results, got {len(tool_messages)}")
+    return {
+        "peer": "verifiers",
+        "version": version("verifiers"),
+        "mcp": version("mcp"),
+        "num_envs": num_envs,
+        "steps": steps,
+        "wall_s": wall,
+        "steps_per_s": num_envs * steps / wall,
+        "setup_s": setup_s,
+        "errors": errors,
+        "sample_obs": str(tool_messages[0].get("content"))[:200] if tool_messages else "",
+    }
+
+
 def run(job: dict[str, Any]) -> dict[str, Any]:
     program = load_chat_program()
     num_envs, steps = int(job["num_envs"]), int(job["steps"])
@@ -115,22 +135,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
                 )
             )
             wall = time.perf_counter() - started
-        tool_messages = [m for t in transcripts for m in t if m.get("role") == "tool"]
-        errors = sum(1 for m in tool_messages if "slept" not in str(m.get("content")))
-        if len(tool_messages) != num_envs * steps:
-            raise RuntimeError(f"expected {num_envs * steps} tool results, got {len(tool_messages)}")
-        return {
-            "peer": "verifiers",
-            "version": version("verifiers"),
-            "mcp": version("mcp"),
-            "num_envs": num_envs,
-            "steps": steps,
-            "wall_s": wall,
-            "steps_per_s": num_envs * steps / wall,
-            "setup_s": setup_s,
-            "errors": errors,
-            "sample_obs": str(tool_messages[0].get("content"))[:200] if tool_messages else "",
-        }
+        return _result(transcripts, num_envs, steps, wall, setup_s)
 
     async def connect_mcp_in(stack: AsyncExitStack) -> Any:
         # MCPConnection runs its client in a task it owns; closing happens through the stack's callbacks

@@ -10,8 +10,16 @@ Example:
     True
 """
 
-from rlf_envs.dialogue.flags import DEFAULT_STOP_MARKER, SimChecks, SimErrorKind, SimFlag, check_reply
-from rlf_envs.dialogue.runner import SimulatorRunner, UserTurn
+from rlf_envs.dialogue.flags import (
+    DEFAULT_STOP_MARKER,
+    JudgeSettings,
+    SimChecks,
+    SimErrorKind,
+    SimFlag,
+    check_reply,
+)
+from rlf_envs.dialogue.judge import SimulatorJudge
+from rlf_envs.dialogue.runner import DEFAULT_SIM_TIMEOUT_S, SimulatorRunner, UserTurn
 from rlf_envs.dialogue.simulator import (
     DEFAULT_SIMULATOR_PROMPT,
     LLMUserSimulator,
@@ -24,12 +32,15 @@ from rlf_envs.dialogue.simulator import (
 
 __all__ = [
     "DEFAULT_SIMULATOR_PROMPT",
+    "DEFAULT_SIM_TIMEOUT_S",
     "DEFAULT_STOP_MARKER",
+    "JudgeSettings",
     "LLMUserSimulator",
     "ScriptedUserSimulator",
     "SimChecks",
     "SimErrorKind",
     "SimFlag",
+    "SimulatorJudge",
     "SimulatorRunner",
     "UserSimulator",
     "UserTurn",

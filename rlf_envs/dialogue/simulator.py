@@ -126,7 +126,9 @@ class LLMUserSimulator:
         system_prompt: the simulator's system prompt, with ``{instructions}`` and ``{stop_marker}``.
         stop_marker: the text that ends the conversation.
         max_tokens, temperature: sampling of each reply; ``extra`` more request fields.
-        max_concurrency, timeout_s, retries, api_key: the client's settings (one request per env).
+        max_concurrency, timeout_s, retries, api_key: the client's settings (one request per env);
+            ``timeout_s`` is per HTTP attempt: two attempts of 14 s fit in the env's 30 s
+            ``sim_timeout_s``.
 
     Example:
         >>> sim = LLMUserSimulator("http://127.0.0.1:8000/v1", "tiny", max_concurrency=64)
@@ -145,7 +147,7 @@ class LLMUserSimulator:
         max_tokens: int = 200,
         temperature: float = 0.7,
         max_concurrency: int = 64,
-        timeout_s: float = 60.0,
+        timeout_s: float = 14.0,
         retries: int = 1,
         api_key: str | None = None,
         extra: Mapping[str, Any] | None = None,
@@ -164,10 +166,13 @@ class LLMUserSimulator:
         self.temperature = temperature
         self.extra = dict(extra or {})
 
+    def system_text(self, request: UserTurnRequest) -> str:
+        """The system prompt for ``request``: what the leak check compares replies against."""
+        return self.system_prompt.format(instructions=request.instructions, stop_marker=self.stop_marker)
+
     def prompt(self, request: UserTurnRequest) -> list[dict[str, str]]:
         """The simulator's chat: its persona prompt, then the conversation seen from the user's side."""
-        system = self.system_prompt.format(instructions=request.instructions, stop_marker=self.stop_marker)
-        return [{"role": "system", "content": system}, *simulator_view(request.messages)]
+        return [{"role": "system", "content": self.system_text(request)}, *simulator_view(request.messages)]
 
     async def reply(self, request: UserTurnRequest) -> str:
         completion = await self.client.complete(

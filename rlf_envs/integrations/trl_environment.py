@@ -43,6 +43,8 @@ from typing import Any
 
 import gymnasium as gym
 
+from rlf_envs.info_keys import MESSAGES, REWARD_INFO, TOOL_MESSAGES
+
 _JSON_TYPES: dict[str, Any] = {
     "string": str,
     "integer": int,
@@ -150,7 +152,7 @@ class _SlotEnvBase:
         if terminated or truncated:
             self._final = (float(reward), info)
             return "The episode is over (turn limit reached): give your final answer."
-        messages = info.get("tool_messages") or []
+        messages = info.get(TOOL_MESSAGES) or []
         return "\n".join(str(m.get("content", "")) for m in messages) if messages else obs
 
     async def _finish(self, final_text: str) -> float:
@@ -162,7 +164,7 @@ class _SlotEnvBase:
                 _, reward, _, _, info = await self._vec.astep_one(self._slot, "<answer></answer>")
             self._final = (float(reward), info)
         reward, info = self._final
-        self.last_reward_info = dict(info.get("reward_info") or {})
+        self.last_reward_info = dict(info.get(REWARD_INFO) or {})
         return reward
 
 
@@ -235,7 +237,7 @@ def env_dataset(env_id: str, num_prompts: int, split: str = "train", **env_kwarg
     try:
         for index in range(num_prompts):
             _, info = env.reset(seed=index, options={"task_index": index, "split": split})
-            rows.append({"prompt": info["messages"], "task_index": index})
+            rows.append({"prompt": info[MESSAGES], "task_index": index})
     finally:
         env.close()
     return Dataset.from_list(rows)

@@ -265,7 +265,7 @@ class JudgeReward:
             answer = episode.final_response.strip()  # answered in plain text, without the tag
         if not answer:
             return JudgeVerdict(0.0, "", fallback=False).reward_info(self.fallback_score)
-        verdict = await self.judge(episode.task.question, answer, _golds(episode.task.answer))
+        verdict = await self.judge(episode.instance.question, answer, _golds(episode.instance.answer))
         return verdict.reward_info(self.fallback_score)
 
     async def judge(self, question: str, answer: str, golds: Sequence[str] = ()) -> JudgeVerdict:

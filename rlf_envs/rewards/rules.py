@@ -8,8 +8,6 @@ Example:
     1.0
     >>> round(f1_score("Kelmar river delta", "the Kelmar River"), 3)
     0.8
-    >>> extract_answer("<answer>a</answer> then <answer> Zorvia </answer>")
-    'Zorvia'
     >>> math_equal("\\\\boxed{\\\\frac{1}{2}}", "0.5")
     True
 """
@@ -215,7 +213,7 @@ def episode_prediction(episode: Episode, tag: str = "answer") -> str | None:
 
 
 def _episode_golds(episode: Episode) -> list[str]:
-    return _as_list(episode.task.answer)
+    return _as_list(episode.instance.answer)
 
 
 def _qa_scores(episode: Episode) -> tuple[str | None, list[str], dict[str, float]]:
@@ -271,7 +269,6 @@ __all__ = [
     "contains_match",
     "episode_prediction",
     "exact_match",
-    "extract_answer",
     "f1_score",
     "get_rule_reward",
     "math_equal",

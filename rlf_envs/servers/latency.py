@@ -67,6 +67,37 @@ def latency_sampler(
     return lambda: max(0.0, latency_ms + rng.uniform(-jitter_ms, jitter_ms))
 
 
+class InFlightGate:
+    """Counts the ``sleep`` calls in flight; a call may end early once a wanted number were in
+    flight at once (the proof of concurrency that does not depend on the machine's load)."""
+
+    def __init__(self, counters: LatencyStats) -> None:
+        self.counters = counters
+        self.peak_reached = asyncio.Event()
+        self.wanted_peak = 0
+
+    async def wait(self, seconds: float, until_in_flight: int = 0) -> None:
+        c = self.counters
+        c.calls += 1
+        c.in_flight += 1
+        c.peak_in_flight = max(c.peak_in_flight, c.in_flight)
+        if until_in_flight > 0:
+            self.wanted_peak = until_in_flight
+            if c.in_flight >= until_in_flight:
+                self.peak_reached.set()
+        try:
+            if until_in_flight > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.peak_reached.wait(), seconds)
+            else:
+                await asyncio.sleep(seconds)
+        finally:
+            c.in_flight -= 1
+            if c.in_flight == 0 and self.wanted_peak:
+                self.peak_reached.clear()
+                self.wanted_peak = 0
+
+
 def build_server(
     latency_ms: float = 100.0,
     jitter_ms: float = 0.0,
@@ -85,9 +116,7 @@ def build_server(
     draw_ms = latency_sampler(latency_ms, jitter_ms, dist=dist, sigma=sigma, seed=seed)
     server = MCPServer("latency", log_level="WARNING")
     counters = LatencyStats()
-
-    peak_reached = asyncio.Event()
-    wanted_peak = 0
+    gate = InFlightGate(counters)
 
     @server.tool()
     async def sleep(ms: float | None = None, payload: str = "", until_in_flight: int = 0) -> str:
@@ -97,27 +126,9 @@ def build_server(
         flight at once: a load-independent way for tests to prove concurrency (a serialising
         client never gets there and every call waits its full `ms`).
         """
-        nonlocal wanted_peak
         if ms is None:
             ms = draw_ms()
-        counters.calls += 1
-        counters.in_flight += 1
-        counters.peak_in_flight = max(counters.peak_in_flight, counters.in_flight)
-        if until_in_flight > 0:
-            wanted_peak = until_in_flight
-            if counters.in_flight >= until_in_flight:
-                peak_reached.set()
-        try:
-            if until_in_flight > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(peak_reached.wait(), max(0.0, ms) / 1000.0)
-            else:
-                await asyncio.sleep(max(0.0, ms) / 1000.0)
-        finally:
-            counters.in_flight -= 1
-            if counters.in_flight == 0 and wanted_peak:
-                peak_reached.clear()
-                wanted_peak = 0
+        await gate.wait(max(0.0, ms) / 1000.0, until_in_flight)
         return f"slept {ms:.1f} ms" + (f": {payload}" if payload else "")
 
     @server.tool()

@@ -124,9 +124,9 @@ class FunctionTools:
     """A :class:`~rlf_envs.types.ToolProvider` over python functions."""
 
     def __init__(
-        self, functions: Sequence[Callable[..., Any] | FunctionTool], *, default_timeout_s: float = 30.0
+        self, functions: Sequence[Callable[..., Any] | FunctionTool], *, tool_timeout_s: float = 30.0
     ) -> None:
-        self.default_timeout_s = default_timeout_s
+        self.tool_timeout_s = tool_timeout_s
         self._tools: dict[str, FunctionTool] = {}
         for fn in functions:
             tool = fn if isinstance(fn, FunctionTool) else FunctionTool(fn)
@@ -156,7 +156,7 @@ class FunctionTools:
             return ToolResult.failure(
                 call, ErrorKind.BAD_ARGUMENTS, f"invalid arguments for {call.name}: {problems}"
             )
-        timeout = tool.timeout_s if tool.timeout_s is not None else self.default_timeout_s
+        timeout = tool.timeout_s if tool.timeout_s is not None else self.tool_timeout_s
         started = time.perf_counter()
         try:
             value = await asyncio.wait_for(tool.invoke(arguments), timeout)

@@ -1,15 +1,17 @@
 """Parse and validate the ``mcpServers`` JSON (Claude Desktop / Cursor format) plus our per-server keys.
 
 Accepted input: a dict (with or without the outer ``"mcpServers"`` key), a JSON string, or a path to
-a ``.json`` file. Each server is either a stdio command or a streamable-HTTP URL::
+a ``.json`` file. Each server is either a stdio command, a streamable-HTTP URL, or several URLs of
+the same server (its replicas on other hosts; the pool balances the calls and fails over)::
 
     {"mcpServers": {
         "search": {"command": "python", "args": ["-m", "rlf_envs.tasks.deepsearch.server"], "env": {"K": "v"},
                    "cwd": "/srv", "replicas": 2, "max_concurrency": 64, "timeout_s": 10, "cache": true},
-        "remote": {"url": "http://127.0.0.1:8765/mcp", "headers": {"Authorization": "Bearer x"}}}}
+        "remote": {"url": "http://127.0.0.1:8765/mcp", "headers": {"Authorization": "Bearer x"}},
+        "farm": {"urls": ["http://10.0.0.1:8765/mcp", "http://10.0.0.2:8765/mcp"]}}}
 
 Our optional keys: ``timeout_s`` (per call), ``max_concurrency`` (in-flight calls per replica),
-``replicas`` (processes or HTTP sessions), ``cache`` (true, or the LRU's max entry count),
+``replicas`` (processes, or HTTP sessions per URL), ``cache`` (true, or the LRU's max entry count),
 ``start_timeout_s`` (spawn + initialize + list tools). ``"disabled": true`` skips a server, as in
 Cursor. Anything wrong raises :class:`MCPConfigError` naming the server and the key.
 
@@ -41,6 +43,12 @@ DEFAULT_START_TIMEOUT_S = 60.0
 # Keys other clients put in the same file; accepted silently so one config serves every client.
 _FOREIGN_KEYS = frozenset({"description", "autoApprove", "alwaysAllow", "disabledTools", "timeout", "trust"})
 _HTTP_TYPES = frozenset({"http", "streamable-http", "streamable_http", "streamableHttp"})
+_KNOWN_KEYS = frozenset(
+    {
+        *("command", "args", "env", "cwd", "url", "urls", "headers", "type", "transport", "disabled"),
+        *("timeout_s", "max_concurrency", "replicas", "cache", "start_timeout_s"),
+    }
+)
 
 
 class MCPConfigError(ValueError):
@@ -49,7 +57,11 @@ class MCPConfigError(ValueError):
 
 @dataclass(frozen=True)
 class MCPServerConfig:
-    """One validated server entry. Exactly one of ``command`` and ``url`` is set."""
+    """One validated server entry: a ``command`` (stdio) or ``urls`` (streamable HTTP, one or more).
+
+    ``url`` is the endpoint one connection uses: the first of ``urls`` here, and each replica's own
+    URL in the copies the pool makes per URL.
+    """
 
     name: str
     command: str | None = None
@@ -57,6 +69,7 @@ class MCPServerConfig:
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str | None = None
     url: str | None = None
+    urls: tuple[str, ...] = ()
     headers: Mapping[str, str] = field(default_factory=dict)
     timeout_s: float | None = None  # None: the pool's default
     max_concurrency: int | None = None  # None: unlimited
@@ -95,6 +108,8 @@ def parse_server_config(name: str, entry: Any) -> MCPServerConfig:
     Example:
         >>> parse_server_config("s", {"command": "python", "args": ["-V"], "replicas": 2}).replicas
         2
+        >>> parse_server_config("s", {"urls": ["http://a:8000/mcp", "http://b:8000/mcp"]}).urls
+        ('http://a:8000/mcp', 'http://b:8000/mcp')
     """
 
     def fail(message: str) -> MCPConfigError:
@@ -102,70 +117,83 @@ def parse_server_config(name: str, entry: Any) -> MCPServerConfig:
 
     if not isinstance(entry, Mapping):
         raise fail(f"must be an object, got {_kind(entry)}")
-    known = {
-        *("command", "args", "env", "cwd", "url", "headers", "type", "transport", "disabled"),
-        *("timeout_s", "max_concurrency", "replicas", "cache", "start_timeout_s"),
-    }
-    unknown = sorted(set(entry) - known - _FOREIGN_KEYS)
+    unknown = sorted(set(entry) - _KNOWN_KEYS - _FOREIGN_KEYS)
     if unknown:
         logger.warning("MCP server %r: ignoring unknown config keys %s", name, unknown)
-
-    command, url = entry.get("command"), entry.get("url")
-    if command is not None and url is not None:
-        raise fail('give either "command" (stdio) or "url" (streamable HTTP), not both')
-    if command is None and url is None:
-        raise fail('needs "command" (stdio) or "url" (streamable HTTP)')
-    declared = entry.get("type", entry.get("transport"))
-    if declared is not None:
-        if declared == "sse":
-            raise fail(
-                'the legacy SSE transport is not supported; serve streamable HTTP ("url" ending in /mcp)'
-            )
-        if declared != "stdio" and declared not in _HTTP_TYPES:
-            raise fail(f'"type" must be "stdio" or "http", got {declared!r}')
-        if (declared == "stdio") != (command is not None):
-            raise fail(f'"type" is {declared!r} but the entry gives {"a command" if command else "a url"}')
-
-    if command is not None:
-        if not isinstance(command, str) or not command.strip():
-            raise fail(f'"command" must be a non-empty string, got {command!r}')
-        for key in ("url", "headers"):
-            if key in entry:
-                raise fail(f'"{key}" applies to HTTP servers only')
-    else:
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise fail(f'"url" must be an http(s) URL string, got {url!r}')
-        for key in ("args", "env", "cwd"):
-            if key in entry:
-                raise fail(f'"{key}" applies to stdio (command) servers only')
-
+    command, urls = _endpoint(entry, fail)
     args = entry.get("args", [])
     if not isinstance(args, list | tuple) or not all(isinstance(a, str) for a in args):
         raise fail(f'"args" must be a list of strings, got {args!r}')
-    env = _string_map(entry.get("env", {}), '"env"', fail)
-    headers = _string_map(entry.get("headers", {}), '"headers"', fail)
     cwd = entry.get("cwd")
     if cwd is not None and not isinstance(cwd, str):
         raise fail(f'"cwd" must be a string, got {cwd!r}')
-
-    timeout_s = _positive_number(entry.get("timeout_s"), '"timeout_s"', fail)
-    start_timeout_s = _positive_number(entry.get("start_timeout_s"), '"start_timeout_s"', fail)
-    max_concurrency = _positive_int(entry.get("max_concurrency"), '"max_concurrency"', fail)
-    replicas = _positive_int(entry.get("replicas"), '"replicas"', fail)
     return MCPServerConfig(
         name=name,
         command=command,
         args=tuple(args),
-        env=env,
+        env=_string_map(entry.get("env", {}), '"env"', fail),
         cwd=cwd,
-        url=url,
-        headers=headers,
-        timeout_s=timeout_s,
-        max_concurrency=max_concurrency,
-        replicas=replicas or 1,
+        url=urls[0] if urls else None,
+        urls=urls,
+        headers=_string_map(entry.get("headers", {}), '"headers"', fail),
+        timeout_s=_positive_number(entry.get("timeout_s"), '"timeout_s"', fail),
+        max_concurrency=_positive_int(entry.get("max_concurrency"), '"max_concurrency"', fail),
+        replicas=_positive_int(entry.get("replicas"), '"replicas"', fail) or 1,
         cache_size=_cache_size(entry.get("cache"), fail),
-        start_timeout_s=start_timeout_s or DEFAULT_START_TIMEOUT_S,
+        start_timeout_s=_positive_number(entry.get("start_timeout_s"), '"start_timeout_s"', fail)
+        or DEFAULT_START_TIMEOUT_S,
     )
+
+
+def _endpoint(entry: Mapping[str, Any], fail: Any) -> tuple[str | None, tuple[str, ...]]:
+    """The entry's stdio ``command`` or its HTTP URLs (``url``, or the replicas' ``urls``), checked."""
+    command, url, urls = entry.get("command"), entry.get("url"), entry.get("urls")
+    if url is not None and urls is not None:
+        raise fail('give either "url" (one endpoint) or "urls" (replicas on several hosts), not both')
+    http_key = "urls" if urls is not None else "url"
+    has_http = url is not None or urls is not None
+    if command is not None and has_http:
+        raise fail(f'give either "command" (stdio) or "{http_key}" (streamable HTTP), not both')
+    if command is None and not has_http:
+        raise fail('needs "command" (stdio) or "url" (streamable HTTP)')
+    _check_declared_type(entry.get("type", entry.get("transport")), command is not None, fail)
+    if command is not None:
+        if not isinstance(command, str) or not command.strip():
+            raise fail(f'"command" must be a non-empty string, got {command!r}')
+        _reject_keys(entry, ("headers",), "HTTP servers", fail)
+        return command, ()
+    _reject_keys(entry, ("args", "env", "cwd"), "stdio (command) servers", fail)
+    if urls is None:
+        return None, (_http_url(url, '"url"', fail),)
+    if not isinstance(urls, list | tuple) or not urls:
+        raise fail(f'"urls" must be a non-empty list of http(s) URL strings, got {urls!r}')
+    checked = tuple(_http_url(u, f'"urls"[{i}]', fail) for i, u in enumerate(urls))
+    if len(set(checked)) < len(checked):
+        raise fail('"urls" lists a URL twice; use "replicas" for several sessions per URL')
+    return None, checked
+
+
+def _check_declared_type(declared: Any, is_stdio: bool, fail: Any) -> None:
+    if declared is None:
+        return
+    if declared == "sse":
+        raise fail('the legacy SSE transport is not supported; serve streamable HTTP ("url" ending in /mcp)')
+    if declared != "stdio" and declared not in _HTTP_TYPES:
+        raise fail(f'"type" must be "stdio" or "http", got {declared!r}')
+    if (declared == "stdio") != is_stdio:
+        raise fail(f'"type" is {declared!r} but the entry gives {"a command" if is_stdio else "a url"}')
+
+
+def _reject_keys(entry: Mapping[str, Any], keys: tuple[str, ...], owners: str, fail: Any) -> None:
+    for key in keys:
+        if key in entry:
+            raise fail(f'"{key}" applies to {owners} only')
+
+
+def _http_url(value: Any, what: str, fail: Any) -> str:
+    if not isinstance(value, str) or not value.startswith(("http://", "https://")):
+        raise fail(f"{what} must be an http(s) URL string, got {value!r}")
+    return value
 
 
 def _read(config: Mapping[str, Any] | str | os.PathLike[str]) -> Mapping[str, Any]:

@@ -53,7 +53,7 @@ class CallFailure:
     """Why one call failed: the ``error_kind`` and text of its :class:`~rlf_envs.types.ToolResult`.
 
     ``connection_failed``: the exception says the connection itself may be gone, so the replica
-    has it checked (a ping) and restarted if it is dead.
+    has it checked (a ``tools/list`` request) and restarted if it does not answer.
     """
 
     kind: ErrorKind

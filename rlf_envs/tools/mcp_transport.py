@@ -5,7 +5,9 @@ streams an ``mcp.Client`` runs on. The read stream is a :class:`WatchedReadStrea
 the moment the transport ends (a stdio server's stdout closes when its process dies), so the
 replica can fail its in-flight calls at once instead of when each times out. A stdio server's
 stderr goes through a :class:`StderrTail`: forwarded to debug logging, its last lines kept to
-explain a server that fails to start.
+explain a server that fails to start. Over HTTP, :func:`track_delivery` tells whether a call's
+request may have reached the server: a call whose request never began to go out (the connection
+was refused, or the session died first) is safe to send to another replica.
 
 Example:
     >>> import asyncio
@@ -27,8 +29,10 @@ import asyncio
 import logging
 import os
 from collections import deque
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager, suppress
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager, suppress
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -38,7 +42,14 @@ from mcp.client.streamable_http import streamable_http_client
 
 from rlf_envs.tools.mcp_config import MCPServerConfig
 
-__all__ = ["STDERR_TAIL_LINES", "StderrTail", "WatchedReadStream", "open_transport"]
+__all__ = [
+    "STDERR_TAIL_LINES",
+    "RequestDelivery",
+    "StderrTail",
+    "WatchedReadStream",
+    "open_transport",
+    "track_delivery",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -70,9 +81,60 @@ async def open_transport(
         # Unbounded connections: every in-flight call holds one POST (its SSE response) open.
         limits = httpx2.Limits(max_connections=None, max_keepalive_connections=64)
         timeout = httpx2.Timeout(10.0, read=max(300.0, call_timeout_s + 60.0))
-        http = httpx2.AsyncClient(headers=dict(config.headers), timeout=timeout, limits=limits)
+        http = httpx2.AsyncClient(
+            headers=dict(config.headers),
+            timeout=timeout,
+            limits=limits,
+            event_hooks={"request": [_trace_delivery]},
+        )
         async with http, streamable_http_client(config.url, http_client=http) as (read, write):
             yield WatchedReadStream(read, on_end=on_end), write
+
+
+@dataclass
+class RequestDelivery:
+    """Whether any HTTP request of one call may have reached the server.
+
+    ``sent`` turns True when httpcore begins writing a request's headers: from then on the server
+    may run the call, whatever happens next. A request refused at connect never gets that far.
+    """
+
+    sent: bool = False
+
+    async def trace(self, event: str, info: Any) -> None:
+        # httpcore's "trace" extension: "http11.send_request_headers.started", "connect_tcp.failed", ...
+        if event.endswith("send_request_headers.started"):
+            self.sent = True
+
+
+_CALL_DELIVERY: ContextVar[RequestDelivery | None] = ContextVar("rlf_mcp_call_delivery", default=None)
+
+
+@contextmanager
+def track_delivery() -> Iterator[RequestDelivery]:
+    """Record whether the HTTP requests made inside the block (in this task) may have been delivered.
+
+    The MCP SDK sends each request from a task that copies the sender's context, so the request
+    hook of :func:`open_transport`'s client sees this block's record.
+
+    Example:
+        >>> with track_delivery() as delivery:
+        ...     pass
+        >>> delivery.sent
+        False
+    """
+    delivery = RequestDelivery()
+    token = _CALL_DELIVERY.set(delivery)
+    try:
+        yield delivery
+    finally:
+        _CALL_DELIVERY.reset(token)
+
+
+async def _trace_delivery(request: httpx2.Request) -> None:
+    delivery = _CALL_DELIVERY.get()
+    if delivery is not None:
+        request.extensions["trace"] = delivery.trace
 
 
 class WatchedReadStream:

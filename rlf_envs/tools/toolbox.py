@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -53,18 +54,26 @@ class ToolBox:
         *,
         max_result_chars: int | None = 4000,
         max_calls_per_turn: int | None = 16,
-        default_timeout_s: float = 30.0,
+        tool_timeout_s: float = 30.0,
         providers: Sequence[ToolProvider] = (),
+        default_timeout_s: float | None = None,
     ) -> None:
+        if default_timeout_s is not None:  # the old name, kept one release
+            warnings.warn(
+                "ToolBox(default_timeout_s=) is deprecated: use tool_timeout_s",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            tool_timeout_s = default_timeout_s
         self.max_result_chars = max_result_chars
         self.max_calls_per_turn = max_calls_per_turn
         self._providers: list[ToolProvider] = list(providers)
         if mcp_servers:
             from rlf_envs.tools.mcp_pool import MCPToolPool
 
-            self._providers.append(MCPToolPool(mcp_servers, default_timeout_s=default_timeout_s))
+            self._providers.append(MCPToolPool(mcp_servers, tool_timeout_s=tool_timeout_s))
         if python_tools:
-            self._providers.append(FunctionTools(python_tools, default_timeout_s=default_timeout_s))
+            self._providers.append(FunctionTools(python_tools, tool_timeout_s=tool_timeout_s))
         self._routes: dict[str, ToolProvider] = {}
         self._specs: list[ToolSpec] = []
         self._started = False

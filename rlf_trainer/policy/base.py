@@ -36,7 +36,8 @@ class SamplingParams:
     ``top_k == 0`` and ``top_p == 1.0`` disable those filters. ``stop_token_ids`` are added to the
     model's own end-of-sequence ids (eos of the tokenizer and of the generation config).
     ``seed`` makes the whole batch reproducible; samples within a batch still differ (so G copies of
-    one prompt give G different samples).
+    one prompt give G different samples). ``seeds``, one per prompt, give every request its own
+    seed instead (the trainer's, from :func:`rlf_trainer.seeds.sample_seed`); see :meth:`request_seeds`.
     """
 
     max_new_tokens: int = 256
@@ -45,6 +46,20 @@ class SamplingParams:
     top_k: int = 0
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    seeds: tuple[int, ...] | None = None
+
+    def request_seeds(self, count: int) -> list[int | None]:
+        """The seed of each of ``count`` requests: ``seeds``, else ``seed + i``, else None.
+
+        Example:
+            >>> SamplingParams(seed=5).request_seeds(2), SamplingParams(seeds=(7, 3)).request_seeds(2)
+            ([5, 6], [7, 3])
+        """
+        if self.seeds is not None:
+            if len(self.seeds) != count:
+                raise ValueError(f"{len(self.seeds)} seeds for {count} requests")
+            return list(self.seeds)
+        return [None if self.seed is None else self.seed + i for i in range(count)]
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -56,6 +71,8 @@ class SamplingParams:
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        if self.seeds is not None:
+            object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
 
     @property
     def greedy(self) -> bool:

@@ -27,6 +27,7 @@ from rlf_trainer.policy.base import (
     inference_state_dict,
     stop_ids_for,
 )
+from rlf_trainer.seeds import batch_seed
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -71,7 +72,10 @@ class HFPolicy:
         Sampling uses ``params`` on every call (temperature, top_p, top_k; greedy iff temperature
         is 0), whatever the model's generation config says. Each completion stops at the first
         eos / stop id, which it keeps; ``logprobs`` are log_softmax of the raw logits at each step.
-        Deterministic for a given ``params.seed`` (the global torch RNG is left untouched).
+        Deterministic for a given ``params.seed`` (the global torch RNG is left untouched). With
+        per-request ``params.seeds`` the batch is sampled from one stream seeded by all of them
+        (:func:`~rlf_trainer.seeds.batch_seed`): ``generate`` draws a batch's tokens together, so a
+        row's sample also depends on which requests share its batch.
         """
         if not prompts:
             return []
@@ -80,7 +84,10 @@ class HFPolicy:
         stop_ids = stop_ids_for(self.tokenizer, self.model.generation_config, params)
         chunk = self.max_batch_size or len(prompts)
         completions: list[Completion] = []
-        with self._sampling_mode(params.seed):
+        seed = batch_seed(params.seeds) if params.seeds is not None else params.seed
+        if params.seeds is not None and len(params.seeds) != len(prompts):
+            raise ValueError(f"{len(params.seeds)} seeds for {len(prompts)} prompts")
+        with self._sampling_mode(seed):
             for start in range(0, len(prompts), chunk):
                 completions.extend(self._generate_batch(prompts[start : start + chunk], params, stop_ids))
         return completions

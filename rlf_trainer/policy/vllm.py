@@ -120,7 +120,7 @@ class VLLMPolicy:
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         """Sample one completion per prompt with one ``llm.generate`` call for the whole batch.
 
-        With ``params.seed`` set, request ``i`` uses seed ``params.seed + i``: the batch is
+        Request ``i`` uses ``params.seeds[i]``, or with ``params.seed`` set ``params.seed + i``: the batch is
         reproducible and identical prompts (a GRPO group) still get different samples.
         """
         if self.closed:
@@ -133,7 +133,7 @@ class VLLMPolicy:
 
         stop_ids = stop_ids_for(self.tokenizer, self._generation_config, params)
         requests = [TokensPrompt(prompt_token_ids=list(prompt)) for prompt in prompts]
-        seeds = [None if params.seed is None else params.seed + i for i in range(len(prompts))]
+        seeds = params.request_seeds(len(prompts))
         sampling = [_vllm_sampling(params, stop_ids, seed) for seed in seeds]
         with self._exclusive():
             outputs = self.llm.generate(requests, sampling, use_tqdm=False)

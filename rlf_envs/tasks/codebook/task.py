@@ -42,7 +42,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rlf_envs.rewards.rules import extract_answer
+from rlf_envs.answers import extract_answer
 from rlf_envs.tasks.codebook.data import (
     DEFAULT_SEED,
     EXAMPLE_CODE,
@@ -129,8 +129,8 @@ def codebook_reward(episode: Episode) -> dict[str, float]:
         >>> codebook_reward(ended("<answer>9725</answer>"))["reward"]
         1.0
     """
-    word = _normalize_word(str(episode.task.metadata.get("word", "")))
-    correct = states_code(stated_answer(episode), str(episode.task.answer))
+    word = _normalize_word(str(episode.instance.metadata.get("word", "")))
+    correct = states_code(stated_answer(episode), str(episode.instance.answer))
     tool_ok = any(
         call["name"] == TOOL_NAME
         and call["ok"]

@@ -35,7 +35,7 @@ from typing import Any
 
 from rlf_envs.dialogue.simulator import ScriptedUserSimulator
 from rlf_envs.servers.launch import stdio_server_entry
-from rlf_envs.task import Task
+from rlf_envs.task import DialogueTask
 from rlf_envs.tasks.customer_service.customer import scripted_customer
 from rlf_envs.tasks.customer_service.data import generate_shop, write_shop
 from rlf_envs.tasks.customer_service.scenarios import Scenario, make_scenarios
@@ -61,7 +61,7 @@ Write to the customer in plain text (no tool call in that turn); the customer th
 Call tools with <tool_call>{"name": ..., "arguments": {...}}</tool_call> blocks."""
 
 
-class CustomerServiceTask(Task):
+class CustomerServiceTask(DialogueTask):
     """The shop task; see the module docs.
 
     Args:
@@ -101,7 +101,7 @@ class CustomerServiceTask(Task):
         self._goals: dict[str, dict[str, list[tuple[Any, ...]]]] = {}
 
     @functools.cached_property
-    def _splits(self) -> dict[str, list[TaskInstance]]:
+    def split_instances(self) -> dict[str, list[TaskInstance]]:
         return {
             split: [self._instance(s) for s in self.scenarios.values() if s.split == split]
             for split in ("train", "test")
@@ -166,12 +166,14 @@ class CustomerServiceTask(Task):
 
     def _score(self, episode: Episode) -> dict[str, Any]:
         final = self.final_state(episode.episode_args)
-        goal = self.goal_state(episode.task)
+        goal = self.goal_state(episode.instance)
         changed = sorted(t for t in goal if goal[t] != final.get(t))
         said = " ".join(
             (m.get("content") or "") for m in episode.messages if m.get("role") == "assistant"
         ).lower()
-        required = list(episode.task.metadata.get("required_outputs") or []) if self.require_outputs else []
+        required = (
+            list(episode.instance.metadata.get("required_outputs") or []) if self.require_outputs else []
+        )
         missing = [r for r in required if r.lower() not in said]
         db_match = not changed
         reward = float(db_match and not missing)

@@ -17,8 +17,9 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from rlf_envs.answers import extract_answer
 from rlf_envs.rewards.judge import JudgeReward
-from rlf_envs.rewards.rules import extract_answer, get_rule_reward
+from rlf_envs.rewards.rules import get_rule_reward
 from rlf_envs.servers.launch import stdio_server_entry
 from rlf_envs.task import Task
 from rlf_envs.tasks.deepsearch.data import load_qa_splits, read_corpus
@@ -56,6 +57,8 @@ class DeepSearchTask(Task):
             well-formed ``<answer>`` block; 0.0 keeps a wrong answer at exactly 0.
         max_turns: assistant turns before the episode is truncated.
         top_k: documents a search returns when the model does not pass ``top_k``.
+        train_hops: keep only train questions with these hop counts (e.g. ``[2, 3]`` for an RL stage
+            after an SFT on 1-hop demonstrations); the test split keeps every question.
         cache_dir: where generated indexes live (default ``$RLF_CACHE_DIR`` or ``~/.cache/rlf``).
     """
 
@@ -79,10 +82,12 @@ class DeepSearchTask(Task):
         judge_model: str | None = None,
         judge_kwargs: dict[str, Any] | None = None,
         tool_success_reward: float = 0.0,
+        train_hops: list[int] | tuple[int, ...] | None = None,
     ) -> None:
         if qa_path is not None and corpus_path is None and index_dir is None:
             raise ValueError("qa_path needs the corpus to search: pass corpus_path or index_dir as well")
         self.world_seed = world_seed
+        self.train_hops = frozenset(int(h) for h in train_hops) if train_hops is not None else None
         self.tool_success_reward = float(tool_success_reward)
         self.qa_path = Path(qa_path) if qa_path is not None else None
         self.corpus_path = Path(corpus_path) if corpus_path is not None else None
@@ -109,10 +114,17 @@ class DeepSearchTask(Task):
         return generate_world(self.world_seed)
 
     @functools.cached_property
-    def _splits(self) -> dict[str, list[TaskInstance]]:
-        if self.qa_path is not None:
-            return load_qa_splits(self.qa_path)
-        return {split: self.world.to_instances(split) for split in ("train", "test")}
+    def split_instances(self) -> dict[str, list[TaskInstance]]:
+        splits = (
+            load_qa_splits(self.qa_path)
+            if self.qa_path is not None
+            else {split: self.world.to_instances(split) for split in ("train", "test")}
+        )
+        if self.train_hops is not None and "train" in splits:  # the test split always keeps every hop count
+            splits["train"] = [i for i in splits["train"] if i.metadata.get("hops") in self.train_hops]
+            if not splits["train"]:
+                raise ValueError(f"train_hops={sorted(self.train_hops)}: no train question has that many hops")
+        return splits
 
     def index_path(self) -> Path:
         """The search index directory, built (once, atomically) if it does not exist yet."""

@@ -54,7 +54,7 @@ def build_server(
 
     The result's text is what the model reads; its structured content carries the same facts as
     fields (``exit_code``, ``outcome``, ``output_truncated``, ...). The instructions and
-    ``sandbox_stats`` name the isolation mode.
+    ``sandbox_stats`` name the isolation mode, and carry a warning when ``auto`` fell back to guards.
 
     Example:
         >>> server = build_server(PythonSandbox(SandboxLimits(cpu_s=2), isolation="guards"))
@@ -64,6 +64,8 @@ def build_server(
     limits = sandbox.limits
     mode = sandbox.isolation.value
     instructions = f"Runs Python programs in a sandbox (isolation: {mode})."
+    if sandbox.warning:  # auto fell back to guards: whoever connects must see it
+        instructions += " " + sandbox.warning
     server = MCPServer(name=name, instructions=instructions, log_level="WARNING")
     description = RUN_PYTHON_DESCRIPTION.format(
         cpu_s=limits.cpu_s, wall_s=limits.wall_s, memory_mb=limits.memory_mb, output_chars=limits.output_chars
@@ -82,12 +84,13 @@ def build_server(
     if stats_tool:
 
         @server.tool(
-            description="Sandbox counters (calls, in_flight, peak_in_flight, outcomes), isolation and server pid/RSS."
+            description="Sandbox counters (calls, in_flight, peak_in_flight, outcomes), isolation, warning and server pid/RSS."
         )
         def sandbox_stats() -> dict[str, Any]:
             return {
                 **sandbox.stats(),
                 "isolation": mode,
+                "warning": sandbox.warning,
                 "sandbox_info": sandbox.info(),
                 "pid": os.getpid(),
                 "max_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
@@ -110,7 +113,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--tmp-root", type=Path, default=None, help="parent of the per-call working directories")  # fmt: skip
     parser.add_argument("--allow-read", type=Path, action="append", default=[], help="extra directory programs may read (repeatable)")  # fmt: skip
     parser.add_argument("--disk-mb", type=int, default=defaults.disk_mb, help="bwrap: size of a call's private tmpfs (/tmp and its working directory)")  # fmt: skip
-    parser.add_argument("--isolation", choices=ISOLATION_CHOICES, default="auto", help="bwrap: bubblewrap + guards (auto: when it works); guards: in-process guards only")  # fmt: skip
+    parser.add_argument("--isolation", choices=ISOLATION_CHOICES, default="auto", help="bwrap (recommended for production): bubblewrap + guards; auto: bwrap when it works, else guards with a warning; guards: in-process guards only")  # fmt: skip
     parser.add_argument("--bwrap", default=DEFAULT_BWRAP, help="the bubblewrap binary (name on PATH or path)")  # fmt: skip
     parser.add_argument("--stats-tool", action="store_true", help="also expose sandbox_stats (tests, monitoring)")  # fmt: skip
     add_transport_args(parser)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from rlf_envs.answers import extract_answer
 from rlf_envs.isolation import (
     DEFAULT_BWRAP,
     IsolationMode,
@@ -27,7 +28,7 @@ from rlf_envs.isolation import (
     probe_bubblewrap,
     resolve_isolation,
 )
-from rlf_envs.rewards.rules import episode_prediction, extract_answer, math_equal
+from rlf_envs.rewards.rules import episode_prediction, math_equal
 from rlf_envs.servers.launch import stdio_server_entry
 from rlf_envs.task import Task
 from rlf_envs.tasks.python_tool.problems import KINDS, generate_problems
@@ -103,9 +104,12 @@ class PythonToolTask(Task):
         self.sandbox_concurrency = sandbox_concurrency
         self.bwrap_path = bwrap_path
         self.isolation = _resolve_isolation(isolation, bwrap_path)
+        # "auto" that fell back to guards stays "auto" for the server, which then warns every
+        # client in its MCP instructions and sandbox_stats (a resolved "guards" would not)
+        self.fell_back = isolation == "auto" and self.isolation is IsolationMode.GUARDS
 
     @functools.cached_property
-    def _splits(self) -> dict[str, list[TaskInstance]]:
+    def split_instances(self) -> dict[str, list[TaskInstance]]:
         problems = generate_problems(self.seed, self.kind, self.num_test + self.num_train)
         splits: dict[str, list[TaskInstance]] = {"test": [], "train": []}
         for index, problem in enumerate(problems):
@@ -132,7 +136,7 @@ class PythonToolTask(Task):
             *("--output-chars", str(self.output_chars), "--wall-s", str(self.wall_s)),
             *("--max-concurrency", str(self.sandbox_concurrency), "--disk-mb", str(self.disk_mb)),
             # the mode resolved here, so the server runs in the mode this task reports
-            *("--isolation", self.isolation.value, "--bwrap", self.bwrap_path),
+            *("--isolation", "auto" if self.fell_back else self.isolation.value, "--bwrap", self.bwrap_path),
         ]
         # calls may queue behind the sandbox's concurrency limit before their wall clock starts
         entry = stdio_server_entry(PYTHON_SERVER_MODULE, args, timeout_s=3 * self.wall_s + 30)
@@ -143,7 +147,10 @@ class PythonToolTask(Task):
         bwrap = probe_bubblewrap(self.bwrap_path).bubblewrap
         if self.isolation is IsolationMode.BWRAP and bwrap is not None:
             return {"sandbox": bwrap.info()}
-        return {"sandbox": {"isolation": self.isolation.value}}
+        info: dict[str, Any] = {"isolation": self.isolation.value}
+        if self.fell_back:
+            info["warning"] = "bubblewrap did not work here: guards mode is not a security boundary"
+        return {"sandbox": info}
 
     async def reward(self, episode: Episode) -> RewardValue:
         """1.0 when the answer is exactly the gold integer, else 0.0, with ``format`` and ``used_tool``.
@@ -153,7 +160,7 @@ class PythonToolTask(Task):
         """
         prediction = episode_prediction(episode, self.answer_tag)
         # exact: the default relative tolerance would accept 18272728 for 18272727
-        correct = float(math_equal(prediction, str(episode.task.answer), rel_tol=0.0, abs_tol=0.0))
+        correct = float(math_equal(prediction, str(episode.instance.answer), rel_tol=0.0, abs_tol=0.0))
         well_formed = extract_answer(episode.final_response, self.answer_tag) not in (None, "")
         used_tool = any(call["name"] == TOOL_NAME and call["ok"] for call in episode.tool_calls)
         return {

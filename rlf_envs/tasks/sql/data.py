@@ -164,6 +164,15 @@ def generate_company(seed: int = 0, *, staff_per_department: tuple[int, int] = (
     names = rng.sample([(f, last) for f in FIRST_NAMES for last in LAST_NAMES], 200)
     sizes = [rng.randint(*staff_per_department) for _ in DEPARTMENTS]
     sizes[DEPARTMENTS.index("Sales")] += 8  # enough sellers for the sales table
+    employees = _employees(rng, sizes, names)
+    projects = _projects(rng)
+    assignments = _assignments(rng, employees, projects)
+    sales = _sales(rng, employees)
+    return Company(seed, departments, employees, projects, assignments, sales)
+
+
+def _employees(rng: random.Random, sizes: list[int], names: list[tuple[str, str]]) -> list[Row]:
+    """Per department, by falling salary: a director, two managers, then staff under a manager."""
     salaries = iter(_distinct_ints(rng, 38_000, 150_000, sum(sizes), 50))
     employees: list[Row] = []
     for dept_id, size in enumerate(sizes, start=1):
@@ -184,7 +193,10 @@ def generate_company(seed: int = 0, *, staff_per_department: tuple[int, int] = (
             hired = _date(rng, dt.date(2012, 1, 1), dt.date(2024, 6, 30)).isoformat()
             first, last = names[emp_id - 1]
             employees.append((emp_id, first, last, dept_id, title, salary, hired, manager))
+    return employees
 
+
+def _projects(rng: random.Random) -> list[Row]:
     project_names = rng.sample(PROJECT_CODENAMES, 26)
     project_budgets = _distinct_ints(rng, 20_000, 900_000, len(project_names), 500)
     projects: list[Row] = []
@@ -198,14 +210,20 @@ def generate_company(seed: int = 0, *, staff_per_department: tuple[int, int] = (
         projects.append(
             (i, f"Project {codename}", dept_id, status, project_budgets[i - 1], start.isoformat(), end and end.isoformat())
         )  # fmt: skip
+    return projects
 
+
+def _assignments(rng: random.Random, employees: list[Row], projects: list[Row]) -> list[Row]:
     assignments: list[Row] = []
     for emp in employees:
         if emp[4] == "Director" or rng.random() < 0.2:
             continue  # directors and a fifth of the staff are on no project
         for project in sorted(rng.sample(projects, rng.randint(1, 4))):
             assignments.append((emp[0], project[0], rng.choice(ROLES), rng.randint(8, 400)))
+    return assignments
 
+
+def _sales(rng: random.Random, employees: list[Row]) -> list[Row]:
     sellers = [e[0] for e in employees if e[3] == DEPARTMENTS.index("Sales") + 1 and e[4] != "Director"]
     sales: list[Row] = []
     for sale_id in range(1, 401):
@@ -219,8 +237,7 @@ def generate_company(seed: int = 0, *, staff_per_department: tuple[int, int] = (
             rng.choice(PRODUCTS),
         )
         sales.append((*sale, amount, sold_on))
-
-    return Company(seed, departments, employees, projects, assignments, sales)
+    return sales
 
 
 def write_database(company: Company, path: str | Path) -> None:

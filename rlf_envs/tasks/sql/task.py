@@ -134,7 +134,7 @@ class SQLTask(Task):
         return self._db_path
 
     @functools.cached_property
-    def _splits(self) -> dict[str, list[TaskInstance]]:
+    def split_instances(self) -> dict[str, list[TaskInstance]]:
         if self.questions_path is not None:
             questions = load_question_file(self.questions_path)
             names = {q.split for q in questions if q.split}
@@ -213,7 +213,7 @@ class SQLTask(Task):
             "gold_rows": 0,
             "pred_rows": 0,
         }
-        gold = await self.gold_result(episode.task)
+        gold = await self.gold_result(episode.instance)
         if isinstance(gold, SQLError):
             return {**scores, "error": f"the gold query failed: {gold}", "gold_error": True}
         scores["gold_rows"] = gold.total_rows
@@ -230,7 +230,9 @@ class SQLTask(Task):
         except SQLError as error:
             return {**scores, "error": f"{type(error).__name__}: {error}"}
         ordered = bool(
-            episode.task.metadata.get("row_order_matters", has_top_level_order_by(str(episode.task.answer)))
+            episode.instance.metadata.get(
+                "row_order_matters", has_top_level_order_by(str(episode.instance.answer))
+            )
         )
         match = pred.complete and results_match(gold.rows, pred.rows, ordered=ordered)
         return {**scores, "reward": float(match), "executed": True, "pred_rows": pred.total_rows}

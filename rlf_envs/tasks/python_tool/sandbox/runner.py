@@ -1,14 +1,15 @@
 """PythonSandbox: runs python source in a fresh, limited child process per call, many calls at once.
 
 Each call gets a new working directory and a new interpreter, ``python -I -S -B -u -X utf8 -c
-<prelude>``, in its own session (so the whole process group can be killed), with a minimal
-environment. Where bubblewrap works (``isolation="auto"`` or ``"bwrap"``, see
-:mod:`rlf_envs.isolation`) the interpreter runs inside bwrap: its own namespaces, no network, a
-read-only view of ``/usr`` and the interpreter's prefix only, and a private size-limited tmpfs that
-holds ``/tmp`` and the working directory; as root it also runs as a uid of its own. Otherwise
-(``"guards"``) it runs directly, in a temporary directory that is removed afterwards. In both modes
-the prelude (``prelude.py``) lowers the rlimits and installs the audit hook before the program
-runs; this side enforces the wall-clock and output limits and always kills the group.
+<prelude>``, in its own session, with a minimal environment. Where bubblewrap works
+(``isolation="auto"`` or ``"bwrap"``, see :mod:`rlf_envs.isolation`) the interpreter runs inside
+bwrap: its own namespaces, no network, a read-only view of ``/usr`` and the interpreter's prefix
+only, and a private size-limited tmpfs that holds ``/tmp`` and the working directory. Otherwise
+(``"guards"``) it runs under a small supervisor (``supervisor.py``, a child subreaper that kills
+every descendant at the call's end) in a private temporary directory that is removed afterwards.
+In both modes a root server runs each call as an unused uid of its own (:mod:`.identity`), and the
+prelude lowers the rlimits and installs the audit hook before the program runs; this side enforces
+the wall-clock and output limits, and stops reading the pipes at the deadline whatever holds them.
 
 Example:
     >>> import asyncio
@@ -24,19 +25,18 @@ import asyncio
 import contextlib
 import os
 import secrets
-import shutil
 import signal
-import stat
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from rlf_envs.isolation import (
     DEFAULT_BWRAP,
+    DEFAULT_SANDBOX_UID,
     Bubblewrap,
     IsolationMode,
     IsolationSettingError,
@@ -47,18 +47,41 @@ from rlf_envs.isolation import (
     resolve_isolation,
     sandbox_python,
 )
+from rlf_envs.tasks.python_tool.sandbox.identity import (
+    PLAIN_FLAGS,
+    Launch,
+    UidPoolExhaustedError,
+    plan_launch,
+    process_uid_pool,
+    world_reachable,
+)
 from rlf_envs.tasks.python_tool.sandbox.limits import SandboxConfigError, SandboxLimits
 from rlf_envs.tasks.python_tool.sandbox.output import CappedOutput
+from rlf_envs.tasks.python_tool.sandbox.processes import (
+    STOP_GRACE_S,
+    close_pipes,
+    exited,
+    feed,
+    kill_group,
+    reap,
+    remove_tree,
+    terminate,
+)
 from rlf_envs.tasks.python_tool.sandbox.result import Outcome, SandboxResult
 
-PRELUDE_SOURCE = Path(__file__).with_name("prelude.py").read_text(encoding="utf-8")
-INTERPRETER_FLAGS = ("-I", "-S", "-B", "-u", "-X", "utf8")
-# after the process is dead its pipes close at once, unless something outside its group holds them
+_HERE = Path(__file__).parent
+# the hook's helpers first: the prelude runs as one -c program and uses them
+PRELUDE_SOURCE = "\n\n".join(
+    (_HERE / name).read_text(encoding="utf-8") for name in ("audit_hook.py", "prelude.py")
+)
+SUPERVISOR_SOURCE = (_HERE / "supervisor.py").read_text(encoding="utf-8")
+# after the call's processes are dead its pipes close at once; this bounds the wait if they are not
 PIPE_GRACE_S = 1.0
 DEFAULT_MAX_CONCURRENCY = 16
-# Under bwrap as root, call slot k runs as uid SANDBOX_UID_BASE + k, a uid no account uses: the
-# kernel counts RLIMIT_NPROC per uid, so each call's process limit counts that call alone.
-SANDBOX_UID_BASE = 2_000_000_000
+GUARDS_FALLBACK_WARNING = (
+    "WARNING: bubblewrap is not usable here, so programs run with the in-process guards only, which "
+    "are not a security boundary (see docs/sandbox.md); use --isolation bwrap in production"
+)
 
 
 class SandboxInputError(ValueError):
@@ -108,13 +131,21 @@ class PythonSandbox:
         self.max_concurrency = max_concurrency
         self.extra_read_roots = [str(Path(root).resolve()) for root in extra_read_roots]
         self.isolation = _resolve(isolation, bwrap_path)
+        # auto fell back: said in info() and so in the server's instructions and sandbox_stats
+        self.warning = (
+            GUARDS_FALLBACK_WARNING if isolation == "auto" and self.isolation is IsolationMode.GUARDS else ""
+        )
         self._bwrap: Bubblewrap | None = None
         self._read_only: tuple[str, ...] = ()
         if self.isolation is IsolationMode.BWRAP:
             self._bwrap = probe_bubblewrap(bwrap_path).bubblewrap
             self._read_only = (*interpreter_roots(python), *self.extra_read_roots)
         self._inner_python = sandbox_python(python)  # a venv's bin/python links outside the sandbox
-        self._free_uids = [SANDBOX_UID_BASE + slot for slot in reversed(range(max_concurrency))]
+        self._uids = process_uid_pool()
+        self._drop_root = os.geteuid() == 0
+        self._launch = (
+            self._plan_guarded_launch() if self._bwrap is None else Launch(self._inner_python, PLAIN_FLAGS)
+        )
         self._slots = asyncio.Semaphore(max_concurrency)
         self._calls = 0
         self._waiting = 0
@@ -122,13 +153,30 @@ class PythonSandbox:
         self._peak_in_flight = 0
         self._outcomes: Counter[str] = Counter()
 
+    def _plan_guarded_launch(self) -> Launch:
+        if self._drop_root:
+            parent = self.tmp_root or tempfile.gettempdir()
+            if not world_reachable(parent):
+                raise SandboxConfigError(
+                    f"tmp_root {parent!r} must be reachable by every user: as root each call runs as a uid of its own"
+                )
+        try:
+            return plan_launch(self._inner_python, self._drop_root)
+        except (OSError, ValueError) as error:
+            raise SandboxStartError(f"cannot run {self.python} as an unprivileged uid: {error}") from error
+
     def info(self) -> dict[str, Any]:
-        """How calls are isolated: ``{"isolation": "bwrap" | "guards", ...}`` (bwrap's version, uid)."""
+        """How calls are isolated: ``{"isolation": "bwrap" | "guards", ...}``: bwrap's version, the uids
+        calls run as (``host_uids``, when the server is root), and ``warning`` when ``auto`` fell back."""
+        info: dict[str, Any] = {"isolation": IsolationMode.GUARDS.value}
+        if self._bwrap is not None:
+            info = self._bwrap.info()
+        if self._drop_root and (self._bwrap is None or self._bwrap.setpriv is not None):
+            info["host_uids"] = self._uids.bounds()
         if self._bwrap is None:
-            return {"isolation": IsolationMode.GUARDS.value}
-        info = self._bwrap.info()
-        if self._bwrap.setpriv is not None:
-            info["host_uids"] = [SANDBOX_UID_BASE, SANDBOX_UID_BASE + self.max_concurrency - 1]
+            info["subreaper"] = True  # every descendant of a call is killed at its end
+        if self.warning:
+            info["warning"] = self.warning
         return info
 
     def stats(self) -> dict[str, Any]:
@@ -167,88 +215,104 @@ class PythonSandbox:
         self._outcomes[result.outcome.value] += 1
         return result
 
-    def _make_workdir(self) -> str:
+    def _take_uid(self) -> int:
+        if not self._drop_root:
+            return -1
         try:
-            return tempfile.mkdtemp(prefix="rlf-sandbox-", dir=self.tmp_root)
+            return self._uids.take()
+        except UidPoolExhaustedError as error:
+            raise SandboxStartError(str(error)) from error
+
+    def _release_uid(self, uid: int) -> None:
+        if uid >= 0:
+            self._uids.give_back(uid)
+
+    def _make_workdir(self, uid: int) -> str:
+        """A new directory of mode 0700, owned by the call's uid: no other call can read it."""
+        try:
+            workdir = tempfile.mkdtemp(prefix="rlf-sandbox-", dir=self.tmp_root)
+            if uid >= 0:
+                os.chown(workdir, uid, uid)
+            return workdir
         except OSError as error:
             raise SandboxStartError(f"could not create the working directory: {error}") from error
 
-    def _command(self, python: str, workdir: str) -> list[str]:
+    def _command(self, launch: Launch, workdir: str) -> list[str]:
         return [
-            python,
-            *INTERPRETER_FLAGS,
+            launch.executable,
+            *launch.flags,
             "-c",
             PRELUDE_SOURCE,
             workdir,
             *self.limits.prelude_args(),
+            launch.pinned_fds,
             *self.extra_read_roots,
         ]
 
     async def _run_guarded(self, code: str) -> SandboxResult:
-        workdir = self._make_workdir()
+        """Run under the supervisor, as the call's own uid when the server is root."""
+        uid = self._take_uid()
         try:
-            return await self._run_in(self._command(self.python, workdir), workdir, _child_env(workdir), code)
+            workdir = self._make_workdir(uid)
+            try:
+                launch = self._launch
+                supervisor = [self._inner_python, "-I", "-S", "-B", "-c", SUPERVISOR_SOURCE, str(uid)]
+                supervisor += [launch.pinned_prefix, launch.pinned_binary, "--"]
+                env = {**_child_env(workdir), **dict(launch.env)}
+                argv = [*supervisor, *self._command(launch, workdir)]
+                return await self._run_in(argv, workdir, env, code, stop=terminate)
+            finally:
+                remove_tree(workdir)
         finally:
-            remove_tree(workdir)
+            self._release_uid(uid)
 
     async def _run_bwrapped(self, code: str) -> SandboxResult:
         """Run in bwrap: the working directory lives in the call's private tmpfs, gone with it."""
         assert self._bwrap is not None
         workdir = f"/tmp/rlf-sandbox-{secrets.token_hex(6)}"
-        uid = self._free_uids.pop()  # a slot is held, so a uid is free
+        uid = self._take_uid() if self._bwrap.setpriv is not None else -1
         layout = Layout(
             read_only=self._read_only,
             workdir=workdir,
             tmp_mb=int(self.limits.disk_mb),
             env=_child_env(workdir),
-            uid=uid,
+            uid=uid if uid >= 0 else DEFAULT_SANDBOX_UID,
         )
-        argv = self._bwrap.command(self._command(self._inner_python, workdir), layout)
+        argv = self._bwrap.command(self._command(self._launch, workdir), layout)
         try:
-            return await self._run_in(argv, "/", {"PATH": "/usr/bin:/bin"}, code)
+            return await self._run_in(argv, "/", {"PATH": "/usr/bin:/bin"}, code, stop=kill_group)
         finally:
-            self._free_uids.append(uid)
+            self._release_uid(uid)
 
-    async def _run_in(self, argv: list[str], cwd: str, env: dict[str, str], code: str) -> SandboxResult:
+    async def _run_in(
+        self, argv: list[str], cwd: str, env: dict[str, str], code: str, stop: Callable[[int], None]
+    ) -> SandboxResult:
+        """Run ``argv``; ``stop(pid)`` ends the call early (wall clock, output limit). It returns
+        within about ``wall_s + 2 * STOP_GRACE_S + PIPE_GRACE_S`` whatever holds the pipes."""
         limits = self.limits
         started = time.monotonic()
-        try:
-            process = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                cwd=cwd,
-                env=env,
-                start_new_session=True,
-            )
-        except OSError as error:
-            raise SandboxStartError(f"could not start the sandbox interpreter: {error}") from error
-
+        process = await _start(argv, cwd, env)
         self._in_flight += 1
         self._peak_in_flight = max(self._peak_in_flight, self._in_flight)
         killed_for: list[Outcome] = []
 
-        def kill(reason: Outcome) -> None:
+        def end_early(reason: Outcome) -> None:
             if not killed_for:
                 killed_for.append(reason)
-            kill_group(process.pid)
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()  # the group kill already did it, unless the child left its group
+            stop(process.pid)
 
-        output = CappedOutput(limits.output_chars, on_overflow=lambda: kill(Outcome.OUTPUT_LIMIT))
+        output = CappedOutput(limits.output_chars, on_overflow=lambda: end_early(Outcome.OUTPUT_LIMIT))
         assert process.stdout is not None and process.stderr is not None
         pumps = [
             asyncio.create_task(output.pump(process.stdout, "stdout")),
             asyncio.create_task(output.pump(process.stderr, "stderr")),
         ]
         try:
-            try:
-                await asyncio.wait_for(_feed_and_wait(process, code), timeout=limits.wall_s)
-            except TimeoutError:
-                kill(Outcome.WALL_TIMEOUT)
-                await process.wait()
-            kill_group(process.pid)  # anything the program left behind in its group
+            await feed(process, code)
+            if not await exited(process, started + limits.wall_s - time.monotonic()):
+                end_early(Outcome.WALL_TIMEOUT)
+            await reap(process)
+            # stop reading at the deadline even if something outside the call still holds the pipes
             _, pending = await asyncio.wait(pumps, timeout=PIPE_GRACE_S)
             for pump in pending:
                 pump.cancel()
@@ -257,23 +321,47 @@ class PythonSandbox:
                 kill_group(process.pid)
                 with contextlib.suppress(ProcessLookupError):
                     process.kill()
-                await process.wait()
+                await exited(process, STOP_GRACE_S)
             for pump in pumps:
                 pump.cancel()
+            close_pipes(process)
             self._in_flight -= 1
 
         exit_code = _exit_status(process.returncode, via_bwrap=self._bwrap is not None)
+        outcome = killed_for[0] if killed_for else _outcome_of(exit_code)
+        return self._result(output, exit_code, outcome, time.monotonic() - started)
+
+    def _result(
+        self, output: CappedOutput, exit_code: int | None, outcome: Outcome, took: float
+    ) -> SandboxResult:
+        limits = self.limits
         return SandboxResult(
             stdout=output.text("stdout"),
             stderr=output.text("stderr"),
             exit_code=exit_code,
-            outcome=killed_for[0] if killed_for else _outcome_of(exit_code),
+            outcome=outcome,
             output_truncated=output.truncated,
-            duration_s=time.monotonic() - started,
+            duration_s=took,
             cpu_limit_s=float(limits.cpu_whole_s),
             wall_limit_s=float(limits.wall_s),
             output_limit_chars=limits.output_chars,
         )
+
+
+async def _start(argv: list[str], cwd: str, env: dict[str, str]) -> asyncio.subprocess.Process:
+    """Start ``argv`` in a session of its own, with pipes for its stdin, stdout and stderr."""
+    try:
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+        )
+    except OSError as error:
+        raise SandboxStartError(f"could not start the sandbox interpreter: {error}") from error
 
 
 def _resolve(isolation: str, bwrap_path: str) -> IsolationMode:
@@ -300,39 +388,7 @@ def _exit_status(returncode: int | None, *, via_bwrap: bool) -> int | None:
     return returncode
 
 
-async def _feed_and_wait(process: asyncio.subprocess.Process, code: str) -> None:
-    assert process.stdin is not None
-    try:
-        process.stdin.write(code.encode("utf-8", "surrogatepass"))
-        await process.stdin.drain()
-        process.stdin.close()
-    except (BrokenPipeError, ConnectionResetError):
-        pass  # the child died before reading its program; its exit status says why
-    await process.wait()
-
-
 def _outcome_of(returncode: int | None) -> Outcome:
     if returncode is not None and returncode < 0:
         return Outcome.CPU_LIMIT if -returncode == signal.SIGXCPU else Outcome.SIGNALLED
     return Outcome.EXITED
-
-
-def kill_group(pid: int) -> None:
-    """SIGKILL the process group led by ``pid`` (the child runs in its own session)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-
-
-def remove_tree(path: str) -> None:
-    """Delete a working directory, even one where the program took away its own permissions."""
-
-    def make_writable_and_retry(_function: Any, failed: str, _exc_info: Any) -> None:
-        with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(failed), stat.S_IRWXU)
-            if os.path.isdir(failed) and not os.path.islink(failed):
-                os.chmod(failed, stat.S_IRWXU)
-                shutil.rmtree(failed, ignore_errors=True)
-            else:
-                os.unlink(failed)
-
-    shutil.rmtree(path, onerror=make_writable_and_retry)

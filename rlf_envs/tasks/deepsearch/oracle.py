@@ -1,0 +1,59 @@
+"""The DeepSearch oracle: a scripted agent that searches each entity along a question's chain, then answers.
+
+It reads the generated world's own solution (the queries that reach each hop's document and the
+golden answer), so on the generated world it scores 1.0 wherever the search server returns the
+hop's document. Its turns are written in the canonical ``<tool_call>`` form that
+:func:`rlf_trainer.chat.plain_messages` renders, so a collected episode replays token for token
+(:mod:`rlf_trainer.demonstrations`, ``rlf-collect --agent deepsearch-oracle``).
+
+Example:
+    >>> from rlf_envs.tasks.deepsearch.world import generate_world
+    >>> world = generate_world(0)
+    >>> question = next(q for q in world.questions if q.hops == 2)
+    >>> turns = oracle_turns(world, question.id)
+    >>> len(turns), turns[-1].startswith("The documents give the answer.")
+    (3, True)
+    >>> agent = DeepSearchOracle(world_seed=0)
+    >>> agent([{"role": "system", "content": ""}, {"role": "user", "content": "?"}],
+    ...       {"task_id": question.id}) == turns[0]
+    True
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rlf_envs.tasks.deepsearch.world import World, generate_world
+
+
+def search_call(query: str) -> str:
+    """One ``search`` call as a ``<tool_call>`` block (the env's default Hermes/Qwen parser reads it)."""
+    payload = {"name": "search", "arguments": {"query": query}}
+    return f"<tool_call>\n{json.dumps(payload, ensure_ascii=False)}\n</tool_call>"
+
+
+def oracle_turns(world: World, question_id: str) -> list[str]:
+    """The oracle's assistant turns for one question: one search per hop, then the answer."""
+    solution = world.solve(question_id)
+    turns = [f"I need to look up {q}.\n{search_call(q)}" for q in solution.queries]
+    return [*turns, f"The documents give the answer.\n<answer>{solution.answer}</answer>"]
+
+
+class DeepSearchOracle:
+    """A scripted agent: ``agent(messages, info) -> next assistant turn`` for the generated world.
+
+    ``info["task_id"]`` names the question (the reset info carries it); the number of assistant
+    turns already in ``messages`` says which of :func:`oracle_turns` comes next.
+    """
+
+    def __init__(self, world_seed: int = 0) -> None:
+        self.world = generate_world(world_seed)
+
+    def __call__(self, messages: list[dict[str, Any]], info: dict[str, Any]) -> str:
+        turns = oracle_turns(self.world, str(info["task_id"]))
+        done = sum(1 for m in messages if m.get("role") == "assistant")
+        return turns[min(done, len(turns) - 1)]
+
+
+__all__ = ["DeepSearchOracle", "oracle_turns", "search_call"]

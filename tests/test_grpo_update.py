@@ -1,0 +1,129 @@
+"""grpo.update with several optimizer steps per batch, checked against values worked out by hand.
+
+The model is a single trainable logit vector over a 2-token vocabulary (every position predicts
+``softmax(bias)``), trained by plain SGD, so each step's ratio, clip and new weights follow from a
+few lines of arithmetic. Two episodes, one trained token each: episode 0 says token 0 with
+advantage +0.5, episode 1 says token 1 with advantage +0.25.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from accelerate import Accelerator
+
+from rlf_trainer.collect import StepParts
+from rlf_trainer.config import from_dict
+from rlf_trainer.grpo import update
+from rlf_trainer.rollout_batch import RolloutBatch
+from rlf_trainer.trajectory import EpisodeStats
+
+ADVANTAGES = (0.5, 0.25)
+
+
+class BiasOnlyLM(torch.nn.Module):
+    """Logits = one trainable vector at every position."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bias = torch.nn.Parameter(torch.zeros(2))
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, use_cache: bool = False):
+        return SimpleNamespace(logits=self.bias.expand(*input_ids.shape, 2))
+
+
+def sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def run_update(lr: float, **algorithm: object) -> tuple[torch.Tensor, dict[str, float]]:
+    config = from_dict(
+        {
+            "model": {"path": "unused"},
+            "algorithm": {"loss": "grpo", "group_size": 2, "normalize_std": False, **algorithm},
+            "optim": {"lr": lr, "max_grad_norm": 0.0},
+        }
+    )
+    accelerator = Accelerator(cpu=True)
+    model = BiasOnlyLM()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    parts = StepParts(
+        config=config,
+        accelerator=accelerator,
+        model=model,
+        ref_model=None,
+        optimizer=optimizer,
+        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0),
+        policy=None,  # type: ignore[arg-type]  # update() never samples
+        envs=None,
+        sampler=None,  # type: ignore[arg-type]
+        local_prompts=1,
+    )
+    batch = RolloutBatch(
+        input_ids=torch.tensor([[0, 0], [0, 1]]),
+        attention_mask=torch.ones(2, 2, dtype=torch.long),
+        loss_mask=torch.tensor([[0, 1], [0, 1]]),
+        old_logprobs=torch.full((2, 2), math.log(0.5)),
+        rewards=torch.tensor([1.0, 0.5]),
+        stats=[EpisodeStats(task_id=str(i), group=0) for i in range(2)],
+        transcripts=[[], []],
+        timings={},
+    )
+    advantages = torch.tensor([[0.0, ADVANTAGES[0]], [0.0, ADVANTAGES[1]]])
+    metrics = update(parts, batch, advantages, keep=[0, 1])
+    return accelerator.unwrap_model(model).bias.detach().clone(), metrics
+
+
+def k3(ratio: float) -> float:
+    return ratio - math.log(ratio) - 1.0
+
+
+def test_two_iterations_freeze_pi_old_and_clip_on_the_second():
+    a0, a1 = ADVANTAGES
+    lr = 8.0
+    # Pass 1: ratio 1; d logp(y)/d bias = onehot(y) - (0.5, 0.5); loss = mean over the 2 sequences.
+    grad = [-(a0 * 0.5 + a1 * -0.5) / 2, -(a0 * -0.5 + a1 * 0.5) / 2]  # (-0.0625, 0.0625)
+    b1 = -lr * grad[0]  # bias after pass 1 is (b1, -b1) = (0.5, -0.5)
+    p0 = sigmoid(2 * b1)
+    r0, r1 = p0 / 0.5, (1 - p0) / 0.5  # ratios against the frozen pi_old = 0.5
+    assert r0 > 1.2 and r1 < 0.8  # episode 0 leaves the clip range on the side that stops its gradient
+    # Pass 2: only episode 1 (positive advantage, ratio below 1 - eps: not clipped) has a gradient.
+    grad_b0 = -a1 * r1 * (0 - p0) / 2
+    b2 = b1 - lr * grad_b0
+
+    bias, metrics = run_update(lr, num_iterations=2)
+
+    assert bias.tolist() == pytest.approx([b2, -b2], abs=1e-5)
+    assert metrics["clip_fraction"] == pytest.approx((0.0 + 0.5) / 2, abs=1e-6)
+    assert metrics["ratio_mean"] == pytest.approx((1.0 + (r0 + r1) / 2) / 2, abs=1e-5)
+    assert metrics["approx_kl_old"] == pytest.approx((0.0 + (k3(r0) + k3(r1)) / 2) / 2, abs=1e-5)
+
+
+def test_two_mini_batches_are_two_optimizer_steps_on_their_own_slices():
+    a0, a1 = ADVANTAGES
+    lr = 2.0
+    b1 = -lr * -(a0 * 0.5)  # step 1 trains on episode 0 alone (one sequence in its normaliser)
+    p0 = sigmoid(2 * b1)
+    r1 = (1 - p0) / 0.5  # step 2: episode 1 against pi_old frozen before step 1
+    b2 = b1 - lr * -a1 * r1 * (0 - p0)
+
+    bias, metrics = run_update(lr, mini_batches=2)
+
+    assert bias.tolist() == pytest.approx([b2, -b2], abs=1e-5)
+    assert metrics["clip_fraction"] == 0.0
+    assert metrics["ratio_mean"] == pytest.approx((1.0 + r1) / 2, abs=1e-5)
+
+
+def test_one_pass_logs_no_constant_ratio_metrics_and_takes_one_step():
+    a0, a1 = ADVANTAGES
+    lr = 2.0
+    b1 = -lr * -(a0 * 0.5 + a1 * -0.5) / 2
+
+    bias, metrics = run_update(lr)
+
+    assert bias.tolist() == pytest.approx([b1, -b1], abs=1e-6)
+    assert not {"clip_fraction", "ratio_mean", "approx_kl_old", "loss"} & set(metrics)

@@ -1,22 +1,23 @@
-"""Token counts before training: what the tool schemas cost, and whether the first prompt fits the budget.
+"""Start's token check: the trainer's own prompt-budget check, run before any process starts.
 
 An episode's tokens are the prompt (system prompt + every tool's JSON schema + the task) plus every
 turn; ``rollout.max_total_tokens`` caps the sum. Twelve tool schemas easily take 3,000 tokens, so a
 1,024-token budget leaves the model nothing to say, and every episode ends empty with loss 0. The
-studio's Start therefore renders the longest train prompt with the model's own chat template (the
-trainer's :func:`rlf_trainer.chat.render`) and refuses a run whose prompt does not fit.
+trainer refuses such a run before step 1 (:func:`rlf_trainer.budget.check_run_budget`); the
+studio's Start calls that same check on the form's config, so the refusal comes at once, in the
+form's words, and not from a subprocess after the model has loaded. This module adds only what
+the studio needs around it: the form's model name to a tokenizer, and the words.
 
 Example:
-    >>> from rlf_studio.budget import BudgetReport
-    >>> report = BudgetReport(prompt_tokens=3030, tool_tokens=2800, num_tools=12, max_total_tokens=1024,
-    ...                       max_new_tokens=64, context=None, model="m")
-    >>> report.problem()
+    >>> from rlf_trainer.budget import PromptBudget
+    >>> budget = PromptBudget(system_tokens=30, tool_schema_tokens=2800, task_tokens=200,
+    ...                       prompt_tokens=3030, task_id="t1", max_total_tokens=1024, context_length=None)
+    >>> BudgetReport(budget, num_tools=12, max_new_tokens=64).problem()
     'the longest train prompt takes 3030 tokens (2800 of them the 12 tool schemas) but the episode budget (tokens per episode, rollout.max_total_tokens) is 1024: raise it above 3094, or connect fewer tools'
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,9 @@ from typing import Any
 import gymnasium as gym
 
 import rlf_envs  # noqa: F401  (registers the RLF/* ids)
+from rlf_trainer.budget import PromptBudget, PromptBudgetError, check_prompt_budget, check_run_budget
+from rlf_trainer.config import from_dict
 
-PREPARED_FOLDERS = {"tiny-qwen3", "smollm2-135m"}
 _PROBE_MESSAGES = [
     {"role": "system", "content": "You are a helpful assistant."},
     {"role": "user", "content": "hi"},
@@ -38,39 +40,45 @@ class BudgetError(ValueError):
 
 @dataclass(frozen=True)
 class BudgetReport:
-    """The longest train prompt against the run's token budget and the model's context."""
+    """The trainer's :class:`~rlf_trainer.budget.PromptBudget` of a form, in the form's words."""
 
-    prompt_tokens: int
-    tool_tokens: int
+    budget: PromptBudget
     num_tools: int
-    max_total_tokens: int
     max_new_tokens: int
-    context: int | None
-    model: str
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.budget.prompt_tokens
+
+    @property
+    def tool_tokens(self) -> int:
+        return self.budget.tool_schema_tokens
 
     def problem(self) -> str:
-        """Why the run cannot train ('' when it can)."""
-        if self.prompt_tokens >= self.max_total_tokens:
-            return (
-                f"the longest train prompt takes {self.prompt_tokens} tokens ({self.tool_tokens} of them "
-                f"the {self.num_tools} tool schemas) but the episode budget (tokens per episode, "
-                f"rollout.max_total_tokens) is {self.max_total_tokens}: raise it above "
-                f"{self.prompt_tokens + self.max_new_tokens}, or connect fewer tools"
-            )
-        if self.context is not None and self.max_total_tokens > self.context:
-            return (
-                f"the episode budget ({self.max_total_tokens} tokens) exceeds the model's context of "
-                f"{self.context} tokens: lower tokens per episode (rollout.max_total_tokens)"
-            )
-        return ""
+        """Why the run cannot train ('' when it can): the trainer's verdict, ``room <= 0``."""
+        b = self.budget
+        if b.room > 0:
+            return ""
+        by_context = b.context_length is not None and b.context_length < b.max_total_tokens
+        limit = (
+            f"the model's context is {b.context_length} tokens: pick a model with a longer context"
+            if by_context
+            else f"the episode budget (tokens per episode, rollout.max_total_tokens) is {b.max_total_tokens}: "
+            f"raise it above {b.prompt_tokens + self.max_new_tokens}"
+        )
+        return (
+            f"the longest train prompt takes {b.prompt_tokens} tokens ({b.tool_schema_tokens} of them "
+            f"the {self.num_tools} tool schemas) but {limit}, or connect fewer tools"
+        )
 
     def words(self) -> str:
         """The numbers in one line, for a run that fits."""
-        room = self.max_total_tokens - self.prompt_tokens
-        tight = " (less than one turn: the first answer may be cut)" if room < self.max_new_tokens else ""
+        b = self.budget
+        tight = " (less than one turn: the first answer may be cut)" if b.room < self.max_new_tokens else ""
+        capped = ", capped by the model's context" if b.limit < b.max_total_tokens else ""
         return (
-            f"prompt {self.prompt_tokens} tokens (tool schemas {self.tool_tokens}) of "
-            f"{self.max_total_tokens}: {room} left for the episode{tight}"
+            f"prompt {b.prompt_tokens} tokens (tool schemas {b.tool_schema_tokens}) of "
+            f"{b.limit}{capped}: {b.room} left for the episode{tight}"
         )
 
 
@@ -98,75 +106,65 @@ def model_folder(model: str) -> Path | None:
     return None
 
 
+def _from_pretrained(kind: Any, model: str) -> Any | None:
+    """``kind.from_pretrained`` on the model's folder, or on the local cache of a hub id (None: not here)."""
+    folder = model_folder(model)
+    try:
+        if folder is not None:
+            return kind.from_pretrained(folder)
+        return kind.from_pretrained(model.strip(), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        if folder is not None:
+            raise BudgetError(f"cannot load the {kind.__name__} of {model!r}: {exc}") from None
+        return None
+
+
 def load_tokenizer(model: str) -> Any | None:
     """The model's tokenizer (None for a hub id not in the local cache: the trainer downloads it)."""
     from transformers import AutoTokenizer
 
-    folder = model_folder(model)
-    try:
-        if folder is not None:
-            return AutoTokenizer.from_pretrained(folder)
-        return AutoTokenizer.from_pretrained(model.strip(), local_files_only=True)
-    except (OSError, ValueError) as exc:
-        if folder is not None:
-            raise BudgetError(f"cannot load the tokenizer of {model!r}: {exc}") from None
-        return None
-
-
-def _count(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
-    from rlf_trainer.chat import encode, render
-
-    return len(encode(tokenizer, render(tokenizer, messages, tools, add_generation_prompt=True)))
+    return _from_pretrained(AutoTokenizer, model)
 
 
 def schema_tokens(tokenizer: Any, tools: list[dict[str, Any]]) -> int:
-    """How many prompt tokens the tool schemas (OpenAI function format) add under the chat template."""
+    """How many prompt tokens the tool schemas (OpenAI function format) add under the chat template.
+
+    The trainer's own count (:func:`rlf_trainer.budget.check_prompt_budget`) on a two-message chat.
+    """
     if not tools:
         return 0
-    return _count(tokenizer, _PROBE_MESSAGES, tools) - _count(tokenizer, _PROBE_MESSAGES, None)
+    probe = check_prompt_budget(tokenizer, [(None, _PROBE_MESSAGES)], tools, max_total_tokens=10**9)
+    return probe.tool_schema_tokens
 
 
-def _model_context(tokenizer: Any, folder: Path | None) -> int | None:
-    if folder is not None and (folder / "config.json").is_file():
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        value = config.get("max_position_embeddings")
-        if isinstance(value, int) and value > 0:
-            return value
-    length = getattr(tokenizer, "model_max_length", None)
-    return length if isinstance(length, int) and 0 < length < 10**8 else None
+def check_budget(model: str, data: dict[str, Any]) -> BudgetReport | None:
+    """The trainer's budget check on the config ``data`` (a checked studio config) for ``model``.
 
+    None when the tokenizer is not on this machine (the trainer checks it after downloading);
+    :class:`BudgetError` when the model or the env cannot be read. The env is made from
+    ``env.kwargs`` alone: ``env.import_kwargs`` (a project's Python reward) only score episodes.
+    """
+    from transformers import AutoConfig
 
-def longest_prompt(env_id: str, kwargs: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(messages, tools) of the env's first observation for its longest train question."""
-    try:
-        env = gym.make(env_id, **kwargs)
-    except Exception as exc:
-        raise BudgetError(f"the env {env_id} could not start: {type(exc).__name__}: {exc}") from None
-    try:
-        instances = list(env.unwrapped.task.instances("train"))
-        if not instances:
-            raise BudgetError(f"the env {env_id} has no train tasks")
-        index = max(range(len(instances)), key=lambda i: len(instances[i].question or ""))
-        _, info = env.reset(options={"task_index": index, "split": "train"})
-        return list(info["messages"]), list(info.get("tools") or [])
-    finally:
-        env.close()
-
-
-def check_budget(
-    model: str, env_id: str, kwargs: dict[str, Any], max_total_tokens: int, max_new_tokens: int
-) -> BudgetReport | None:
-    """The longest train prompt against the budget; None when the tokenizer is not on this machine."""
     tokenizer = load_tokenizer(model)
     if tokenizer is None:
         return None
-    messages, tools = longest_prompt(env_id, kwargs)
-    return BudgetReport(
-        prompt_tokens=_count(tokenizer, messages, tools),
-        tool_tokens=schema_tokens(tokenizer, tools),
-        num_tools=len(tools),
-        max_total_tokens=int(max_total_tokens),
-        max_new_tokens=int(max_new_tokens),
-        context=_model_context(tokenizer, model_folder(model)),
-        model=model,
-    )
+    model_config = _from_pretrained(AutoConfig, model)
+    config = from_dict(data)
+    kwargs = dict(config.env.kwargs)
+    if config.rollout.max_turns is not None:
+        kwargs["max_turns"] = config.rollout.max_turns
+    try:
+        env = gym.make(config.env.id, **kwargs)
+    except Exception as exc:
+        raise BudgetError(f"the env {config.env.id} could not start: {type(exc).__name__}: {exc}") from None
+    try:
+        num_tools = len(env.unwrapped.tools)  # starts the env's tools
+        budget = check_run_budget(config, env, tokenizer, model_config)
+    except PromptBudgetError as exc:
+        budget = exc.budget
+    except Exception as exc:
+        raise BudgetError(f"the env {config.env.id} could not start: {type(exc).__name__}: {exc}") from None
+    finally:
+        env.close()
+    return BudgetReport(budget, num_tools=num_tools, max_new_tokens=config.rollout.max_new_tokens)

@@ -1,19 +1,20 @@
 """What the studio says about a run's health and pace: tripped checks, elapsed time and ETA.
 
-The trainer's health checks (docs/trainer.md) append one JSON line per tripped check to
-``<run dir>/health.jsonl``: ``{"step", "check", "message", "hint"}``. A run without that file
-(an older trainer, or a healthy run) has tripped nothing.
+The trainer's health checks (:mod:`rlf_trainer.health`, docs/trainer.md) append one JSON line per
+tripped check to ``<run dir>/health.jsonl``: a :class:`~rlf_trainer.health.Trip`, ``{"step",
+"check", "message", "hint"}``. A run without that file (an older trainer, or a healthy run) has
+tripped nothing.
 
 Example:
     >>> import json, tempfile
     >>> run = Path(tempfile.mkdtemp())
     >>> tripped_checks(run)
     []
-    >>> line = {"step": 3, "check": "zero_variance", "message": "90% of groups had one reward",
+    >>> line = {"step": 3, "check": "no_learning_signal", "message": "90% of groups had one reward",
     ...         "hint": "raise algorithm.group_size"}
     >>> _ = (run / "health.jsonl").write_text(json.dumps(line) + "\\n" + "{half a line")
     >>> health_words(tripped_checks(run))
-    'zero_variance (step 3): 90% of groups had one reward. Try: raise algorithm.group_size'
+    'no_learning_signal (step 3): 90% of groups had one reward. Try: raise algorithm.group_size'
     >>> pace_words(elapsed_s=120.0, done=2, total=6)
     'elapsed 2m 00s, ETA 4m 00s'
 """
@@ -21,27 +22,18 @@ Example:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
-HEALTH_FILE = "health.jsonl"
+from rlf_trainer.health import HEALTH_FILE, Trip
 
 
-@dataclass(frozen=True)
-class TrippedCheck:
-    """One health check the trainer reported as tripped (the first time, per check)."""
-
-    step: int
-    check: str
-    message: str
-    hint: str
-
-    def words(self) -> str:
-        hint = f" Try: {self.hint}" if self.hint else ""
-        return f"{self.check} (step {self.step}): {self.message.rstrip('.')}.{hint}"
+def trip_words(trip: Trip) -> str:
+    """``check (step N): message. Try: hint``."""
+    hint = f" Try: {trip.hint}" if trip.hint else ""
+    return f"{trip.check} (step {trip.step}): {trip.message.rstrip('.')}.{hint}"
 
 
-def tripped_checks(run_dir: Path) -> list[TrippedCheck]:
+def tripped_checks(run_dir: Path) -> list[Trip]:
     """The run's tripped checks, one per check name (its first trip), in step order.
 
     Missing file, half-written or malformed lines are skipped: a run being written is read often.
@@ -49,7 +41,7 @@ def tripped_checks(run_dir: Path) -> list[TrippedCheck]:
     path = Path(run_dir) / HEALTH_FILE
     if not path.is_file():
         return []
-    first: dict[str, TrippedCheck] = {}
+    first: dict[str, Trip] = {}
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             row = json.loads(line)
@@ -63,13 +55,13 @@ def tripped_checks(run_dir: Path) -> list[TrippedCheck]:
             step = 0
         name = str(row["check"])
         if name not in first:
-            first[name] = TrippedCheck(step, name, str(row.get("message") or ""), str(row.get("hint") or ""))
+            first[name] = Trip(step, name, str(row.get("message") or ""), str(row.get("hint") or ""))
     return sorted(first.values(), key=lambda c: c.step)
 
 
-def health_words(checks: list[TrippedCheck]) -> str:
+def health_words(checks: list[Trip]) -> str:
     """The tripped checks as one line of plain words ('' when none tripped)."""
-    return "; ".join(check.words() for check in checks)
+    return "; ".join(trip_words(check) for check in checks)
 
 
 def duration_words(seconds: float) -> str:

@@ -191,13 +191,6 @@ def start_problems(form: TrainForm) -> list[str]:
     return problems
 
 
-def budget_kwargs(data: dict[str, Any]) -> dict[str, Any]:
-    """The ``gym.make`` kwargs the budget check needs from a config (the reward is not needed to read prompts)."""
-    kwargs = dict(data["env"].get("kwargs") or {})
-    kwargs["max_turns"] = data["rollout"]["max_turns"]
-    return kwargs
-
-
 def check_config(data: dict[str, Any]) -> dict[str, Any]:
     """``data`` checked by the trainer's own config loader; :class:`TrainConfigError` says why not."""
     try:

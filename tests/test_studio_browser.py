@@ -281,7 +281,7 @@ def test_train_abort_start_finish_resume(ui: Page, project: Path) -> None:
     ui.sees("train-status", "already exists: press Resume")
 
     # the trainer's health checks (docs/trainer.md) write health.jsonl; the progress says them in words
-    trip = {"step": 2, "check": "zero_variance", "message": "every group had one reward",
+    trip = {"step": 2, "check": "no_learning_signal", "message": "every group had one reward",
             "hint": "raise algorithm.group_size"}  # fmt: skip
     (project / "runs" / "tiny" / "health.jsonl").write_text(json.dumps(trip) + "\n")
     ui.fill("train-steps", "3")
@@ -290,7 +290,8 @@ def test_train_abort_start_finish_resume(ui: Page, project: Path) -> None:
     ui.sees("train-status", "run 'tiny' finished", timeout_ms=TRAIN_TIMEOUT_MS)
     ui.sees("train-progress", "Done: step 3/3")
     ui.sees(
-        "train-health", "zero_variance (step 2): every group had one reward. Try: raise algorithm.group_size"
+        "train-health",
+        "no_learning_signal (step 2): every group had one reward. Try: raise algorithm.group_size",
     )
     steps = [
         json.loads(line)["step"]
@@ -322,7 +323,7 @@ def test_train_other_envs(ui: Page) -> None:
 def test_runs_curves_and_rollouts(ui: Page) -> None:
     ui.tab("Runs")  # opening the tab lists the runs as they are now: no Refresh needed
     ui.sees("runs-status", "2 run(s) in demo")
-    ui.sees("runs-summary", "zero_variance (step 2)")
+    ui.sees("runs-summary", "no_learning_signal (step 2)")
     ui.pick("runs-metrics", "response_length")
     ui.click("runs-show")
     ui.sees("runs-status", "in 2 panel(s), one per metric")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rlf_studio.budget import BudgetError, check_budget, model_folder, schema_tokens
-from rlf_studio.data import DataError, map_records, read_records, save_tasks
+from rlf_studio.data import DataError, map_records, read_records
 from rlf_studio.project import Project, ProjectError, check_name, create_project
 from rlf_studio.rewards import RewardSpecError, load_python_reward
 from rlf_studio.run_health import health_words, pace_words, tripped_checks
@@ -27,26 +27,19 @@ from rlf_studio.training import (
     SIMULATED_ENV,
     TrainConfigError,
     TrainForm,
-    budget_kwargs,
     check_config,
     config_dict,
     load_form,
     save_config,
     start_problems,
 )
-
-TASKS = [
-    {"question": "Echo the word ping.", "answer": "ping"},
-    {"question": "Echo the word pong.", "answer": "pong"},
-]
+from rlf_trainer.health import HINTS, HealthLog, HealthReport, Trip
+from tests.studio_fixtures.projects import echo_project
 
 
 @pytest.fixture
 def project(tmp_path: Path) -> Project:
-    project = create_project(tmp_path, "p")
-    save_tasks(project, map_records(TASKS, "question", "answer"), [], {"file": "inline"})
-    project.write_json(project.mcp_path, add_bundled("{}", "latency")[0])
-    return project
+    return echo_project(tmp_path)
 
 
 # --- Start's refusals ----------------------------------------------------------------------------
@@ -91,7 +84,7 @@ def test_every_offered_env_makes_a_valid_config_and_fits_its_budget(
     form = TrainForm(model=str(tiny_model_dir), env_id=env_id, max_total_tokens=4096)
     data = check_config(config_dict(project, form))
     assert data["env"]["id"] == env_id
-    report = check_budget(form.model, env_id, budget_kwargs(data), 4096, form.max_new_tokens)
+    report = check_budget(form.model, data)
     assert report is not None and report.problem() == ""
     assert report.num_tools >= 1 and 0 < report.tool_tokens < report.prompt_tokens
     saved = save_config(project, data)
@@ -115,13 +108,31 @@ def test_customer_service_takes_a_simulator_endpoint(tmp_path: Path) -> None:
 def test_prompt_over_the_budget_is_refused_with_its_numbers(project: Project, tiny_model_dir: Path) -> None:
     form = TrainForm(model=str(tiny_model_dir), max_new_tokens=16, max_total_tokens=64)
     data = check_config(config_dict(project, form))
-    report = check_budget(form.model, PROJECT_ENV, budget_kwargs(data), 64, 16)
+    report = check_budget(form.model, data)
     assert report is not None and report.num_tools >= 2  # the latency server: sleep, stats, ...
     assert report.prompt_tokens > 64 and report.tool_tokens > 0
     assert report.problem().startswith(f"the longest train prompt takes {report.prompt_tokens} tokens")
     assert f"raise it above {report.prompt_tokens + 16}" in report.problem()
-    roomy = check_budget(form.model, PROJECT_ENV, budget_kwargs(data), report.prompt_tokens + 200, 16)
+    data["rollout"]["max_total_tokens"] = report.prompt_tokens + 200
+    roomy = check_budget(form.model, data)
     assert roomy is not None and roomy.problem() == "" and "left for the episode" in roomy.words()
+
+
+def test_a_short_model_context_caps_the_budget(
+    project: Project, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The trainer's rule: the limit is the smaller of the episode budget and the model's context."""
+    short = tmp_path / "short-context"
+    short.mkdir()
+    for path in tiny_model_dir.iterdir():
+        if path.is_file() and not path.name.endswith(".safetensors"):
+            (short / path.name).write_bytes(path.read_bytes())
+    config = json.loads((short / "config.json").read_text())
+    (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 64}))
+    data = check_config(config_dict(project, TrainForm(model=str(short), max_total_tokens=4096)))
+    report = check_budget(str(short), data)
+    assert report is not None and report.budget.limit == 64
+    assert "but the model's context is 64 tokens" in report.problem()
 
 
 def test_schema_tokens_are_what_the_tools_add(tiny_model_dir: Path) -> None:
@@ -209,7 +220,7 @@ def test_tripped_checks_are_read_defensively(tmp_path: Path) -> None:
             "message": "entropy 0.01 < 0.05",
             "hint": "raise rollout.temperature",
         },
-        {"step": 2, "check": "prompt_over_budget", "message": "prompt 3030 tokens of 1024", "hint": ""},
+        {"step": 2, "check": "over_budget", "message": "prompt 3030 tokens of 1024", "hint": ""},
         {"step": 6, "check": "entropy_collapse", "message": "again", "hint": "x"},
         {"check": ""},
         ["not", "an", "object"],
@@ -217,13 +228,25 @@ def test_tripped_checks_are_read_defensively(tmp_path: Path) -> None:
     text = "".join(json.dumps(line) + "\n" for line in lines) + '{"step": 7, "check": "cut'
     (tmp_path / "health.jsonl").write_text(text)
     checks = tripped_checks(tmp_path)
-    assert [(c.step, c.check) for c in checks] == [(2, "prompt_over_budget"), (5, "entropy_collapse")]
+    assert [(c.step, c.check) for c in checks] == [(2, "over_budget"), (5, "entropy_collapse")]
     assert health_words(checks) == (
-        "prompt_over_budget (step 2): prompt 3030 tokens of 1024.; "
+        "over_budget (step 2): prompt 3030 tokens of 1024.; "
         "entropy_collapse (step 5): entropy 0.01 < 0.05. Try: raise rollout.temperature"
     )
     assert pace_words(30, 0, 4) == "elapsed 30s, ETA: after the first step"
     assert pace_words(90, 3, 4) == "elapsed 1m 30s, ETA 30s"
+
+
+def test_the_trainers_health_log_reads_back(tmp_path: Path) -> None:
+    """What the trainer's own HealthLog writes is what the studio reads."""
+    trip = Trip(
+        step=3,
+        check="no_learning_signal",
+        message="every group had one reward",
+        hint=HINTS["no_learning_signal"],
+    )
+    HealthLog(tmp_path, [], echo=lambda line: None).write(HealthReport(flags={}, trips=[trip], new=[trip]))
+    assert tripped_checks(tmp_path) == [trip]
 
 
 # --- data ----------------------------------------------------------------------------------------

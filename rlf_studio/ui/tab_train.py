@@ -29,7 +29,6 @@ from rlf_studio.training import (
     SIMULATED_ENV,
     TrainConfigError,
     TrainForm,
-    budget_kwargs,
     check_config,
     command,
     command_text,
@@ -219,8 +218,7 @@ class TrainTab:
         if problems:
             raise TrainConfigError("; ".join(problems) + " (no run started)")
         try:
-            report = check_budget(form.model, data["env"]["id"], budget_kwargs(data), form.max_total_tokens,
-                                  form.max_new_tokens)  # fmt: skip
+            report = check_budget(form.model, data)
         except BudgetError as exc:
             raise TrainConfigError(f"{exc} (no run started)") from None
         if report is None:

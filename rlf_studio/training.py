@@ -175,14 +175,11 @@ def config_dict(project: Project, form: TrainForm) -> dict[str, Any]:
 
 
 def start_problems(form: TrainForm) -> list[str]:
-    """What makes a valid config still pointless to start (the config loader allows these on purpose)."""
+    """What makes a valid config still pointless to start (the config loader allows these on purpose:
+    ``max_steps: 0`` evaluates only, a group of one is fine for SFT); max turns below 1 the loader refuses."""
     problems = []
     if int(form.max_steps) < 1:
         problems.append(f"steps must be at least 1 (got {form.max_steps})")
-    if int(form.max_turns) < 1:
-        problems.append(
-            f"max turns must be at least 1: an episode needs one assistant turn (got {form.max_turns})"
-        )
     if int(form.group_size) < 2:
         problems.append(
             "group size must be at least 2: GRPO-style losses compare the samples of one prompt "

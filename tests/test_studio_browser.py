@@ -237,7 +237,7 @@ def test_train_form_checks_and_survives_a_reload(
     ui.sees("train-config-yaml", "max_steps: 2")
 
     _refused(ui, "train-steps", "0", "steps must be at least 1", "2")
-    _refused(ui, "train-turns", "0", "max turns must be at least 1", "2")
+    _refused(ui, "train-turns", "0", "rollout.max_turns must be >= 1", "2")  # the config loader's own
     _refused(ui, "train-group", "1", "group size must be at least 2", "2")
     _refused(ui, "train-model", "/no/such/model", "the model folder '/no/such/model' does not exist",
              str(tool_calling_model_dir))  # fmt: skip

@@ -47,9 +47,15 @@ def project(tmp_path: Path) -> Project:
 
 def test_start_refuses_what_cannot_train() -> None:
     assert start_problems(TrainForm()) == []
-    problems = start_problems(TrainForm(max_steps=0, max_turns=0, group_size=1))
-    assert [p.split(" must")[0] for p in problems] == ["steps", "max turns", "group size"]
-    assert "GRPO-style losses compare the samples of one prompt" in problems[2]
+    problems = start_problems(TrainForm(max_steps=0, group_size=1))
+    assert [p.split(" must")[0] for p in problems] == ["steps", "group size"]
+    assert "GRPO-style losses compare the samples of one prompt" in problems[1]
+
+
+def test_the_config_loader_refuses_no_turns(tmp_path: Path) -> None:
+    form = TrainForm(max_turns=0, env_id="RLF/Codebook-v0")
+    with pytest.raises(TrainConfigError, match=r"rollout.max_turns must be >= 1"):
+        check_config(config_dict(create_project(tmp_path, "t"), form))
 
 
 def test_model_folder_that_does_not_exist(tmp_path: Path, tiny_model_dir: Path) -> None:

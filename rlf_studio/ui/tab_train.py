@@ -228,7 +228,10 @@ class TrainTab:
         return report.words()
 
     def launch(self, path: str, values: tuple[Any, ...], resuming: bool) -> tuple[Any, ...]:
-        project, form, data = self.form_config(path, values)
+        try:
+            project, form, data = self.form_config(path, values)
+        except TrainConfigError as exc:
+            raise TrainConfigError(f"{exc} (no run started)") from None
         run_dir = project.runs_dir / check_name(form.run_name, "run")
         current = self.studio.runs.get(str(run_dir))
         if current is not None and current.running:

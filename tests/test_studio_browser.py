@@ -40,7 +40,7 @@ def project_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def ui(project_dir: Path) -> Iterator[Page]:
+def ui(project_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Page]:
     from playwright.sync_api import sync_playwright
 
     executable = chromium_path()
@@ -48,7 +48,7 @@ def ui(project_dir: Path) -> Iterator[Page]:
         browser = playwright.chromium.launch(executable_path=executable, headless=True)
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         page.goto(url)
-        yield Page(page, screenshot_dir())
+        yield Page(page, screenshot_dir(tmp_path_factory.mktemp("screenshots")))
         browser.close()
 
 

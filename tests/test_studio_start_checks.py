@@ -197,9 +197,7 @@ def test_abort_stops_the_group_whatever_the_signal_mask(tmp_path: Path, ignores_
         assert time.monotonic() < deadline and run.running, run.log_tail()
         time.sleep(0.05)
     assert run.abort(grace_s=1.0) == "aborted" and state_label(run.status()) == "Aborted"
-    steps_at_abort = (tmp_path / "steps.txt").read_text()
-    time.sleep(0.5)
-    assert (tmp_path / "steps.txt").read_text() == steps_at_abort  # nothing logged after Abort returned
+    assert run.process.poll() is not None  # Abort returned after the trainer had exited: no step after it
     child = int((tmp_path / "child.pid").read_text())
     deadline = time.monotonic() + 10
     while not _gone(child) and time.monotonic() < deadline:

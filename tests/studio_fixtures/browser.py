@@ -16,7 +16,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,11 +30,11 @@ STEP_TIMEOUT_MS = 30_000  # a Gradio round trip on a busy 2-core machine
 TRAIN_TIMEOUT_MS = 240_000  # a tiny-model run: interpreter, torch, model, 2 GRPO steps
 
 
-def screenshot_dir() -> Path:
-    """``$RLF_STUDIO_SCREENSHOTS`` (e.g. docs/studio), else a new temporary folder."""
+def screenshot_dir(default: Path) -> Path:
+    """``$RLF_STUDIO_SCREENSHOTS`` (e.g. docs/studio), else ``default`` (a test's temporary folder)."""
     target = os.environ.get(SCREENSHOTS_ENV, "").strip()
     if not target:
-        return Path(tempfile.mkdtemp(prefix="rlf-studio-screenshots-"))
+        return default
     path = Path(target)
     return path if path.is_absolute() else REPO / path
 
@@ -157,6 +156,9 @@ class Page:
     def screenshot(self, name: str) -> Path:
         self.shots.mkdir(parents=True, exist_ok=True)
         path = self.shots / f"{name}.png"
-        self.page.wait_for_timeout(300)  # let the last update paint
+        # the last update painted: two animation frames have gone by since it was applied
+        self.page.evaluate(
+            "() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))"
+        )
         self.page.screenshot(path=str(path), full_page=True)
         return path

@@ -38,11 +38,14 @@ import yaml
 from rlf_studio.project import Project, check_name
 from rlf_studio.rewards import load_spec
 from rlf_trainer.config import ConfigError, from_dict
+from rlf_trainer.names import LOSS_NAMES
 
 # rlf-models names the trainer can build offline (model.prepare)
 PREPARED_MODELS = ("tiny-qwen3", "smollm2-135m")
 PROJECT_ENV = "RLF/ToolUse-v0"  # the project's own tools, tasks and reward
 SIMULATED_ENV = "RLF/CustomerService-v0"  # takes a user simulator endpoint
+SFT = "sft"  # the form's algorithm choice for algorithm.name: sft (docs/sft.md)
+ALGORITHM_CHOICES = (*LOSS_NAMES, SFT)  # the GRPO-family losses, then supervised fine-tuning
 ENV_CHOICES = (
     PROJECT_ENV,
     "RLF/Codebook-v0",
@@ -89,6 +92,7 @@ class TrainForm:
     env_id: str = PROJECT_ENV
     sim_base_url: str = ""
     sim_model: str = ""
+    sft_data: str = ""  # algorithm sft: a chat-messages JSONL (rlf-collect writes one)
 
     @classmethod
     def from_values(cls, values: list[Any]) -> TrainForm:
@@ -154,6 +158,19 @@ def _env_section(project: Project, form: TrainForm) -> dict[str, Any]:
     return {"id": PROJECT_ENV, "kwargs": kwargs, "import_kwargs": import_kwargs}
 
 
+def _algorithm_sections(project: Project, form: TrainForm) -> dict[str, Any]:
+    """``algorithm`` (a GRPO-family loss, or ``name: sft``) and, for SFT, ``sft.data`` (relative: to the project)."""
+    if form.loss != SFT:
+        return {"algorithm": {"loss": form.loss, "group_size": form.group_size, "beta": form.beta}}
+    data = (form.sft_data or "").strip()
+    if data and not Path(data).expanduser().is_absolute():
+        data = str(project.root / data)
+    return {
+        "algorithm": {"name": SFT, "group_size": form.group_size, "beta": form.beta},
+        "sft": {"data": str(Path(data).expanduser()) if data else ""},
+    }
+
+
 def config_dict(project: Project, form: TrainForm) -> dict[str, Any]:
     """The trainer config (a plain dict) for the project and the form."""
     env = _env_section(project, form)
@@ -163,7 +180,7 @@ def config_dict(project: Project, form: TrainForm) -> dict[str, Any]:
         "env": env,
         "rollout": {"prompts_per_step": form.prompts_per_step, "max_turns": form.max_turns,
                     "max_new_tokens": form.max_new_tokens, "max_total_tokens": form.max_total_tokens},
-        "algorithm": {"loss": form.loss, "group_size": form.group_size, "beta": form.beta},
+        **_algorithm_sections(project, form),
         "optim": {"lr": form.lr},
         "policy": {"backend": form.backend},
         "eval": {"every": form.eval_every, "num_prompts": max(1, form.prompts_per_step)},
@@ -174,13 +191,19 @@ def config_dict(project: Project, form: TrainForm) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def start_problems(form: TrainForm) -> list[str]:
+def start_problems(form: TrainForm, data: dict[str, Any] | None = None) -> list[str]:
     """What makes a valid config still pointless to start (the config loader allows these on purpose:
-    ``max_steps: 0`` evaluates only, a group of one is fine for SFT); max turns below 1 the loader refuses."""
+    ``max_steps: 0`` evaluates only, a group of one is fine for SFT); max turns below 1 the loader refuses.
+    With the config ``data``, an SFT data file that is not there is one too."""
     problems = []
     if int(form.max_steps) < 1:
         problems.append(f"steps must be at least 1 (got {form.max_steps})")
-    if int(form.group_size) < 2:
+    sft_data = ((data or {}).get("sft") or {}).get("data") if form.loss == SFT else None
+    if sft_data and not Path(sft_data).is_file():
+        problems.append(
+            f"the SFT data file {sft_data!r} does not exist (rlf-collect writes one, docs/sft.md)"
+        )
+    if int(form.group_size) < 2 and form.loss != SFT:
         problems.append(
             "group size must be at least 2: GRPO-style losses compare the samples of one prompt "
             f"with each other (got {form.group_size})"
@@ -220,7 +243,7 @@ def load_form(project: Project, name: str) -> TrainForm:
     return TrainForm(
         model=model.get("prepare") or model.get("path") or "",
         run_name=get("logging", "run_name", name),
-        loss=get("algorithm", "loss", defaults.loss),
+        loss=SFT if get("algorithm", "name", "grpo") == SFT else get("algorithm", "loss", defaults.loss),
         group_size=get("algorithm", "group_size", defaults.group_size),
         prompts_per_step=get("rollout", "prompts_per_step", defaults.prompts_per_step),
         lr=get("optim", "lr", defaults.lr),
@@ -235,6 +258,7 @@ def load_form(project: Project, name: str) -> TrainForm:
         env_id=get("env", "id", defaults.env_id),
         sim_base_url=str(simulator.get("base_url") or ""),
         sim_model=str(simulator.get("model") or ""),
+        sft_data=str(get("sft", "data", "") or ""),
     )
 
 

@@ -24,6 +24,7 @@ from rlf_studio.tools import add_bundled, connect
 from rlf_studio.training import (
     ENV_CHOICES,
     PROJECT_ENV,
+    SFT,
     SIMULATED_ENV,
     TrainConfigError,
     TrainForm,
@@ -109,6 +110,24 @@ def test_customer_service_takes_a_simulator_endpoint(tmp_path: Path) -> None:
     assert (loaded.sim_base_url, loaded.sim_model) == ("http://127.0.0.1:8000/v1", "sim")
     with pytest.raises(TrainConfigError, match="needs both an endpoint URL and a model name"):
         config_dict(project, TrainForm(env_id=SIMULATED_ENV, sim_base_url="http://127.0.0.1:8000/v1"))
+
+
+def test_sft_stage_makes_an_sft_config(tmp_path: Path) -> None:
+    project = create_project(tmp_path, "s")
+    form = TrainForm(env_id="RLF/Codebook-v0", loss=SFT, group_size=1, sft_data="demos.jsonl")
+    data = check_config(config_dict(project, form))
+    demos = project.root / "demos.jsonl"  # a relative path is the project's
+    assert data["algorithm"]["name"] == "sft" and data["sft"] == {"data": str(demos)}
+    assert start_problems(form, data) == [
+        f"the SFT data file {str(demos)!r} does not exist (rlf-collect writes one, docs/sft.md)"
+    ]
+    demos.write_text("")
+    assert start_problems(form, data) == []  # a group of one is fine for SFT
+    save_config(project, data)
+    loaded = load_form(project, form.run_name)
+    assert (loaded.loss, loaded.sft_data, loaded.group_size) == (SFT, str(demos), 1)
+    with pytest.raises(TrainConfigError, match="algorithm.name=sft needs sft.data"):
+        check_config(config_dict(project, TrainForm(env_id="RLF/Codebook-v0", loss=SFT)))
 
 
 def test_prompt_over_the_budget_is_refused_with_its_numbers(project: Project, tiny_model_dir: Path) -> None:

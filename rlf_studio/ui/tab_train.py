@@ -24,6 +24,7 @@ from rlf_studio.run_health import duration_words, health_words, pace_words, trip
 from rlf_studio.runner import RunProcess, log_tail, state_label
 from rlf_studio.runs import curve_frame, latest_summary, progress
 from rlf_studio.training import (
+    ALGORITHM_CHOICES,
     ENV_CHOICES,
     PREPARED_MODELS,
     SIMULATED_ENV,
@@ -53,9 +54,8 @@ def _form_widgets() -> list[Any]:
                            elem_id="train-model", scale=3)  # fmt: skip
         run_name = gr.Textbox(d.run_name, label="run name", elem_id="train-run", scale=1)
     with gr.Row():
-        loss = gr.Dropdown(
-            ["grpo", "dr_grpo", "dapo", "gspo"], value=d.loss, label="algorithm / loss", elem_id="train-loss"
-        )
+        loss = gr.Dropdown(list(ALGORITHM_CHOICES), value=d.loss, label="algorithm / loss (sft: supervised "
+                           "fine-tuning on the SFT data)", elem_id="train-loss")  # fmt: skip
         group = gr.Number(d.group_size, label="group size (G)", precision=0, elem_id="train-group")
         prompts = gr.Number(
             d.prompts_per_step, label="prompts per step", precision=0, elem_id="train-prompts"
@@ -92,8 +92,10 @@ def _form_widgets() -> list[Any]:
         sim_url = gr.Textbox(d.sim_base_url, label=f"user simulator endpoint ({SIMULATED_ENV}; empty: scripted)",
                              elem_id="train-sim-url")  # fmt: skip
         sim_model = gr.Textbox(d.sim_model, label="user simulator model", elem_id="train-sim-model")
+    sft_data = gr.Textbox(d.sft_data, label="SFT data (algorithm sft): a chat-messages JSONL, e.g. from "
+                          "rlf-collect (docs/sft.md); relative to the project folder", elem_id="train-sft-data")  # fmt: skip
     return [model, run_name, loss, group, prompts, lr, steps, turns, new_tokens, total_tokens, beta, backend,
-            launcher, accel, eval_every, ckpt_every, env_id, sim_url, sim_model]  # fmt: skip
+            launcher, accel, eval_every, ckpt_every, env_id, sim_url, sim_model, sft_data]  # fmt: skip
 
 
 def progress_html(run: RunProcess, run_dir: Path, max_steps: int) -> str:
@@ -214,7 +216,7 @@ class TrainTab:
 
     def checked_before_start(self, form: TrainForm, data: dict[str, Any]) -> str:
         """Raise for a run that cannot train; else the budget numbers in words."""
-        problems = start_problems(form)
+        problems = start_problems(form, data)
         if problems:
             raise TrainConfigError("; ".join(problems) + " (no run started)")
         try:

@@ -62,14 +62,6 @@ def curve_rows(runs: dict[str, Path], keys: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
-def curve_frame(runs: dict[str, Path], keys: list[str]) -> Any:
-    """:func:`curve_rows` as a typed DataFrame (int steps, float values) for a Gradio line plot."""
-    import pandas as pd
-
-    frame = pd.DataFrame(curve_rows(runs, keys), columns=["step", "value", "series"])
-    return frame.astype({"step": "int64", "value": "float64", "series": "str"})
-
-
 def progress(run_dir: Path, max_steps: int) -> tuple[int, int]:
     """(last logged step, max steps)."""
     steps = [int(r["step"]) for r in metrics(run_dir) if "step" in r]

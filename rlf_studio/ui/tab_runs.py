@@ -10,8 +10,9 @@ from typing import Any
 
 import gradio as gr
 
+from rlf_studio.plots import chart_html
 from rlf_studio.run_health import health_words, tripped_checks
-from rlf_studio.runs import curve_frame, latest_summary, metric_keys, rollouts_html, sample_steps
+from rlf_studio.runs import curve_rows, latest_summary, metric_keys, rollouts_html, sample_steps
 from rlf_studio.ui import section_model
 from rlf_studio.ui.common import Studio, guarded, ok, status_box
 
@@ -44,11 +45,7 @@ class RunsTab:
                                     elem_id="runs-metrics")  # fmt: skip
         self.show = gr.Button("Show curves", variant="primary", elem_id="runs-show")
         with gr.Row():
-            self.panels = [
-                gr.LinePlot(x="step", y="value", color="series", label=f"curve {i + 1}", visible=i == 0,
-                            elem_id=f"runs-curve-{i}")
-                for i in range(MAX_PANELS)
-            ]  # fmt: skip
+            self.panels = [gr.HTML("", visible=i == 0, elem_id=f"runs-curve-{i}") for i in range(MAX_PANELS)]
         self.summary = gr.Markdown("", elem_id="runs-summary")
 
     def _rollouts(self) -> None:
@@ -97,12 +94,12 @@ class RunsTab:
         if len(keys) > MAX_PANELS:
             raise ValueError(f"pick at most {MAX_PANELS} metrics (one panel each), got {len(keys)}")
         runs = {n: project.runs_dir / n for n in chosen}
-        frames = [curve_frame(runs, [key]) for key in keys]
-        points = sum(len(f) for f in frames)
+        curves = [curve_rows(runs, [key]) for key in keys]
+        points = sum(len(rows) for rows in curves)
         if not points:
             raise ValueError("these runs have logged no step of these metrics yet")
         panels = [
-            gr.update(value=f, label=k, y_title=k, visible=True) for f, k in zip(frames, keys, strict=True)
+            gr.update(value=chart_html(rows, k), visible=True) for rows, k in zip(curves, keys, strict=True)
         ]
         panels += [gr.update(visible=False)] * (MAX_PANELS - len(keys))
         return ok(f"{points} point(s) in {len(keys)} panel(s), one per metric"), *panels

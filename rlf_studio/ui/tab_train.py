@@ -19,10 +19,11 @@ import gradio as gr
 import yaml
 
 from rlf_studio.budget import BudgetError, check_budget
+from rlf_studio.plots import chart_html
 from rlf_studio.project import check_name
 from rlf_studio.run_health import duration_words, health_words, pace_words, tripped_checks
 from rlf_studio.runner import RunProcess, log_tail, state_label
-from rlf_studio.runs import curve_frame, latest_summary, progress
+from rlf_studio.runs import curve_rows, latest_summary, progress
 from rlf_studio.training import (
     ALGORITHM_CHOICES,
     ENV_CHOICES,
@@ -151,10 +152,7 @@ class TrainTab:
         self.run_state = gr.State("")
         self.bar = gr.HTML("", elem_id="train-progress")
         with gr.Row():
-            self.curves = [
-                gr.LinePlot(x="step", y="value", color="series", label=key, y_title=key, elem_id=f"train-curve-{i}")
-                for i, key in enumerate(LIVE_METRICS)
-            ]  # fmt: skip
+            self.curves = [gr.HTML("", elem_id=f"train-curve-{i}") for i in range(len(LIVE_METRICS))]
         self.log = gr.Textbox(
             label="log (tail)", lines=10, max_lines=10, interactive=False, elem_id="train-log"
         )
@@ -276,7 +274,7 @@ class TrainTab:
         if run is None:
             return (gr.skip(),) * (3 + len(self.curves)) + (gr.Timer(active=False),)
         folder = Path(run_dir)
-        plots = [curve_frame({folder.name: folder}, [key]) for key in LIVE_METRICS]
+        plots = [chart_html(curve_rows({folder.name: folder}, [key]), key) for key in LIVE_METRICS]
         final = gr.skip() if run.running else final_message(run, folder.name)
         bar = progress_html(run, folder, int(steps or 0))
         return bar, *plots, log_tail(folder, 25), final, gr.Timer(active=run.running)

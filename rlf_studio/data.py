@@ -10,6 +10,8 @@ Example:
     ('', 'golden_answers')
     >>> map_records(rows, "q", "golden_answers")[0]
     {'id': '0', 'question': '1+1?', 'answer': ['2', 'two']}
+    >>> guess_id_column(["qid", "q"]), map_records([{"qid": "a7", "q": "x?", "a": 1}], "q", "a", "qid")[0]["id"]
+    ('qid', 'a7')
     >>> map_records(rows, "question", "golden_answers")
     Traceback (most recent call last):
     ...
@@ -30,7 +32,9 @@ from rlf_studio.project import Project
 
 QUESTION_NAMES = ("question", "prompt", "query", "problem", "input")
 ANSWER_NAMES = ("answer", "golden_answers", "answers", "solution", "target", "output")
+ID_NAMES = ("id", "_id", "qid", "question_id", "task_id", "uid", "idx", "index")
 MAX_ROWS = 200_000
+TASK_FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
 class DataError(ValueError):
@@ -41,6 +45,8 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
     """The rows of a JSONL / JSON / parquet file as dicts; :class:`DataError` names the problem."""
     path = Path(path)
     suffix = path.suffix.lower()
+    if suffix not in TASK_FILE_SUFFIXES:
+        raise DataError(f"{path.name} is not a task file: use {', '.join(TASK_FILE_SUFFIXES)}")
     if suffix == ".parquet":
         try:
             import pyarrow.parquet as pq
@@ -98,6 +104,31 @@ def guess_mapping(cols: Sequence[str]) -> tuple[str, str]:
     return question, answer
 
 
+def guess_id_column(cols: Sequence[str]) -> str:
+    """The likely id column ('' when none: the tasks are then numbered by row)."""
+    return next((name for name in ID_NAMES if name in cols), "")
+
+
+def _task_ids(rows: Sequence[dict[str, Any]], id_column: str) -> list[str]:
+    """Each row's task id: the ``id_column`` value, or the row number when no column is given."""
+    if not id_column:
+        return [str(index) for index in range(len(rows))]
+    ids, seen = [], {}
+    for index, row in enumerate(rows):
+        value = row.get(id_column)
+        if value is None or str(value).strip() == "":
+            raise DataError(f"row {index + 1}: the id column {id_column!r} is empty")
+        text = str(value)
+        if text in seen:
+            raise DataError(
+                f"rows {seen[text] + 1} and {index + 1} share the id {text!r}: ids must be unique "
+                "(pick another id column, or none to number the rows)"
+            )
+        seen[text] = index
+        ids.append(text)
+    return ids
+
+
 def _answer(value: Any) -> Any:
     if value is None or isinstance(value, str | int | float | bool):
         return value
@@ -108,14 +139,22 @@ def _answer(value: Any) -> Any:
     return str(value)
 
 
-def map_records(rows: Sequence[dict[str, Any]], question: str, answer: str) -> list[dict[str, Any]]:
-    """Rows as ``{"id", "question", "answer"}`` tasks; :class:`DataError` for a missing or bad column."""
+def map_records(
+    rows: Sequence[dict[str, Any]], question: str, answer: str, id_column: str = ""
+) -> list[dict[str, Any]]:
+    """Rows as ``{"id", "question", "answer"}`` tasks; :class:`DataError` for a missing or bad column.
+
+    The ids come from ``id_column`` (unique, non-empty) or, without one, from the row numbers.
+    """
     cols = columns(rows)
     for role, name in (("question", question), ("answer", answer)):
         if not name:
             raise DataError(f"pick the {role} column; the file's columns are: {', '.join(cols)}")
         if name not in cols:
             raise DataError(f"no column {name!r} in the file; its columns are: {', '.join(cols)}")
+    if id_column and id_column not in cols:
+        raise DataError(f"no id column {id_column!r} in the file; its columns are: {', '.join(cols)}")
+    ids = _task_ids(rows, id_column)
     tasks = []
     for index, row in enumerate(rows):
         text = row.get(question)
@@ -123,8 +162,7 @@ def map_records(rows: Sequence[dict[str, Any]], question: str, answer: str) -> l
             raise DataError(
                 f"row {index + 1}: the question column {question!r} must be non-empty text, got {text!r}"
             )
-        task_id = row.get("id", index)
-        tasks.append({"id": str(task_id), "question": text, "answer": _answer(row.get(answer))})
+        tasks.append({"id": ids[index], "question": text, "answer": _answer(row.get(answer))})
     return tasks
 
 

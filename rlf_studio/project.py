@@ -21,7 +21,7 @@ Example:
     >>> create_project(root, "../bad")
     Traceback (most recent call last):
     ...
-    rlf_studio.project.ProjectError: a project name may hold letters, digits, '-', '_' and '.', got '../bad'
+    rlf_studio.project.ProjectError: a project name may hold letters, digits, '-', '_' and '.' (no spaces or '/'), got '../bad'
 """
 
 from __future__ import annotations
@@ -126,11 +126,20 @@ class Project:
         )
 
 
-def check_name(name: str) -> str:
-    """A valid project or run name (letters, digits, ``-_.``), or :class:`ProjectError`."""
+def check_name(name: str, what: str = "project") -> str:
+    """A valid project (or run, config: ``what``) name: letters, digits, ``-_.``; else :class:`ProjectError`.
+
+    Example:
+        >>> check_name("my run", "run")
+        Traceback (most recent call last):
+        ...
+        rlf_studio.project.ProjectError: a run name may hold letters, digits, '-', '_' and '.' (no spaces or '/'), got 'my run'
+    """
     name = (name or "").strip()
     if not _NAME.match(name):
-        raise ProjectError(f"a project name may hold letters, digits, '-', '_' and '.', got {name!r}")
+        raise ProjectError(
+            f"a {what} name may hold letters, digits, '-', '_' and '.' (no spaces or '/'), got {name!r}"
+        )
     return name
 
 

@@ -60,7 +60,11 @@ def format_reward(episode: Episode) -> dict[str, float]:
 
 def load_python_reward(file: str | Path, function: str) -> Callable[..., Any]:
     """Import ``function`` from the user's python ``file`` (this runs the file's top level)."""
-    path = Path(file or "").expanduser()
+    if not str(file or "").strip():
+        raise RewardSpecError("the python reward needs a file: type the path of a .py file")
+    path = Path(file).expanduser()
+    if not path.exists():
+        raise RewardSpecError(f"the reward file {str(path)!r} does not exist")
     if not path.is_file() or path.suffix != ".py":
         raise RewardSpecError(f"the reward file {str(path)!r} is not a .py file")
     module_name = f"rlf_studio_user_reward_{abs(hash(str(path.resolve())))}"

@@ -1,14 +1,19 @@
 """A training run as a subprocess: start, watch, abort (cleanly), resume.
 
-The process runs in its own session (process group), so Abort reaches its MCP servers too: first
-SIGINT (the trainer stops like on Ctrl-C), then SIGTERM and SIGKILL if it lingers. Its output goes
-to ``<run dir>/studio.log``; the state a page shows is :meth:`RunProcess.status`.
+The process runs in its own session (process group), so Abort reaches its MCP servers too:
+SIGTERM to the whole group, then SIGKILL after a short grace. SIGINT is never relied on: a studio
+started as ``rlf-studio &`` from a script has SIGINT ignored, its children inherit that, and a
+SIGINT-based abort then waited out its whole grace while the trainer went on logging steps. Its
+output goes to ``<run dir>/studio.log``; the state a page shows is :meth:`RunProcess.status`,
+worded for people by :func:`state_label`.
 
 Example:
     >>> import sys, tempfile
     >>> run = RunProcess.start([sys.executable, "-c", "print('hi')"], Path(tempfile.mkdtemp()), {})
     >>> run.wait(30), run.status(), run.log_tail().splitlines()[-1]
     (0, 'finished', 'hi')
+    >>> run.abort(), state_label("aborted"), state_label("failed (exit 1)")
+    ('finished', 'Aborted', 'Error')
 """
 
 from __future__ import annotations
@@ -18,9 +23,22 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 LOG_NAME = "studio.log"
+ABORT_GRACE_S = 3.0  # SIGTERM -> SIGKILL: the trainer keeps nothing it would save in that time
+
+
+def state_label(state: str) -> str:
+    """The one word every view uses for a run state: Running, Done, Aborted or Error."""
+    if state == "running":
+        return "Running"
+    if state == "finished":
+        return "Done"
+    if state == "aborted":
+        return "Aborted"
+    return "Error"
 
 
 class RunProcess:
@@ -34,6 +52,8 @@ class RunProcess:
         self.command = command
         self.log_name = log_name
         self.aborted = False
+        self.started_at = time.time()
+        self._ended_at: float | None = None
         self._lock = threading.Lock()
 
     @classmethod
@@ -60,13 +80,21 @@ class RunProcess:
 
     @property
     def running(self) -> bool:
-        return self.process.poll() is None
+        if self.process.poll() is None:
+            return True
+        if self._ended_at is None:
+            self._ended_at = time.time()  # first seen ended: exact enough for a page that polls
+        return False
+
+    def ended_at(self) -> float:
+        """When the run was first seen ended (now, while it runs)."""
+        return self._ended_at if not self.running and self._ended_at is not None else time.time()
 
     def status(self) -> str:
         """``running``, ``finished``, ``aborted`` or ``failed (exit N)``."""
-        code = self.process.poll()
-        if code is None:
+        if self.running:
             return "running"
+        code = self.process.returncode
         if self.aborted:
             return "aborted"
         return "finished" if code == 0 else f"failed (exit {code})"
@@ -74,21 +102,24 @@ class RunProcess:
     def wait(self, timeout: float | None = None) -> int:
         return self.process.wait(timeout)
 
-    def abort(self, grace_s: float = 15.0) -> str:
-        """Stop the run and its children; returns the status after."""
+    def abort(self, grace_s: float = ABORT_GRACE_S) -> str:
+        """Stop the run's whole process group (SIGTERM, SIGKILL after ``grace_s``); returns the status after.
+
+        Aborting a run that already ended changes nothing and returns its status.
+        """
         with self._lock:
             if not self.running:
                 return self.status()
             self.aborted = True
-            for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-                with contextlib.suppress(ProcessLookupError):
+            for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(self.process.pid, sig)
                 try:
                     self.process.wait(wait_s)
                     break
                 except subprocess.TimeoutExpired:
                     continue
-            with contextlib.suppress(ProcessLookupError):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.process.pid, signal.SIGKILL)  # servers the trainer left behind
         return self.status()
 

@@ -17,6 +17,10 @@ Example:
     Traceback (most recent call last):
     ...
     rlf_studio.training.TrainConfigError: max_steps must be >= 0
+    >>> start_problems(TrainForm(max_steps=0, group_size=1))
+    ['steps must be at least 1 (got 0)', 'group size must be at least 2: GRPO-style losses compare the samples of one prompt with each other (got 1)']
+    >>> config_dict(project, TrainForm(env_id="RLF/Codebook-v0"))["env"]
+    {'id': 'RLF/Codebook-v0', 'kwargs': {}, 'import_kwargs': {}}
 """
 
 from __future__ import annotations
@@ -34,9 +38,22 @@ import yaml
 from rlf_studio.project import Project, check_name
 from rlf_studio.rewards import load_spec
 from rlf_trainer.config import ConfigError, from_dict
+from rlf_trainer.names import LOSS_NAMES
 
 # rlf-models names the trainer can build offline (model.prepare)
 PREPARED_MODELS = ("tiny-qwen3", "smollm2-135m")
+PROJECT_ENV = "RLF/ToolUse-v0"  # the project's own tools, tasks and reward
+SIMULATED_ENV = "RLF/CustomerService-v0"  # takes a user simulator endpoint
+SFT = "sft"  # the form's algorithm choice for algorithm.name: sft (docs/sft.md)
+ALGORITHM_CHOICES = (*LOSS_NAMES, SFT)  # the GRPO-family losses, then supervised fine-tuning
+ENV_CHOICES = (
+    PROJECT_ENV,
+    "RLF/Codebook-v0",
+    "RLF/DeepSearch-v0",
+    "RLF/SQL-v0",
+    "RLF/PythonTool-v0",
+    SIMULATED_ENV,
+)
 REWARD_MODULE = "studio_reward"
 REWARD_MODULE_TEXT = '''"""Written by RLF Studio: the project's reward.json as the env's reward (rlf_studio.rewards)."""
 
@@ -72,6 +89,10 @@ class TrainForm:
     accelerate_config: str = ""
     eval_every: int = 0
     checkpoint_every: int = 1
+    env_id: str = PROJECT_ENV
+    sim_base_url: str = ""
+    sim_model: str = ""
+    sft_data: str = ""  # algorithm sft: a chat-messages JSONL (rlf-collect writes one)
 
     @classmethod
     def from_values(cls, values: list[Any]) -> TrainForm:
@@ -112,32 +133,82 @@ def _reward_kwargs(project: Project) -> tuple[dict[str, Any], dict[str, Any]]:
     return {}, {"reward": f"{REWARD_MODULE}:reward"}
 
 
-def config_dict(project: Project, form: TrainForm) -> dict[str, Any]:
-    """The trainer config (a plain dict) for the project and the form."""
+def _env_section(project: Project, form: TrainForm) -> dict[str, Any]:
+    """The config's ``env``: the project's tools, tasks and reward, or a bundled env with its own."""
+    env_id = (form.env_id or PROJECT_ENV).strip()
+    if env_id not in ENV_CHOICES:
+        raise TrainConfigError(f"unknown env {env_id!r}; the studio trains: {', '.join(ENV_CHOICES)}")
+    if env_id != PROJECT_ENV:
+        kwargs: dict[str, Any] = {}
+        url, model = (form.sim_base_url or "").strip(), (form.sim_model or "").strip()
+        if env_id == SIMULATED_ENV and (url or model):
+            if not (url and model):
+                raise TrainConfigError("the user simulator needs both an endpoint URL and a model name")
+            kwargs["user_simulator"] = {"base_url": url, "model": model}
+        return {"id": env_id, "kwargs": kwargs, "import_kwargs": {}}
     if not project.has_tasks:
         raise TrainConfigError("the project has no tasks yet: save some in the Data tab")
-    kwargs: dict[str, Any] = {"tasks": str(project.train_tasks)}
+    kwargs = {"tasks": str(project.train_tasks)}
     if project.test_tasks.is_file():
         kwargs["test_tasks"] = str(project.test_tasks)
     if (project.read_json(project.mcp_path, {}) or {}).get("mcpServers"):
         kwargs["mcp_servers"] = str(project.mcp_path)
     reward_kwargs, import_kwargs = _reward_kwargs(project)
     kwargs.update(reward_kwargs)
+    return {"id": PROJECT_ENV, "kwargs": kwargs, "import_kwargs": import_kwargs}
+
+
+def _algorithm_sections(project: Project, form: TrainForm) -> dict[str, Any]:
+    """``algorithm`` (a GRPO-family loss, or ``name: sft``) and, for SFT, ``sft.data`` (relative: to the project)."""
+    if form.loss != SFT:
+        return {"algorithm": {"loss": form.loss, "group_size": form.group_size, "beta": form.beta}}
+    data = (form.sft_data or "").strip()
+    if data and not Path(data).expanduser().is_absolute():
+        data = str(project.root / data)
+    return {
+        "algorithm": {"name": SFT, "group_size": form.group_size, "beta": form.beta},
+        "sft": {"data": str(Path(data).expanduser()) if data else ""},
+    }
+
+
+def config_dict(project: Project, form: TrainForm) -> dict[str, Any]:
+    """The trainer config (a plain dict) for the project and the form."""
+    env = _env_section(project, form)
     group = int(form.group_size) * int(form.prompts_per_step)
     return {
         "model": _model_section(form.model),
-        "env": {"id": "RLF/ToolUse-v0", "kwargs": kwargs, "import_kwargs": import_kwargs},
+        "env": env,
         "rollout": {"prompts_per_step": form.prompts_per_step, "max_turns": form.max_turns,
                     "max_new_tokens": form.max_new_tokens, "max_total_tokens": form.max_total_tokens},
-        "algorithm": {"loss": form.loss, "group_size": form.group_size, "beta": form.beta},
+        **_algorithm_sections(project, form),
         "optim": {"lr": form.lr},
         "policy": {"backend": form.backend},
         "eval": {"every": form.eval_every, "num_prompts": max(1, form.prompts_per_step)},
         "checkpoint": {"every": form.checkpoint_every, "resume": "auto"},
-        "logging": {"dir": str(project.runs_dir), "run_name": check_name(form.run_name),
+        "logging": {"dir": str(project.runs_dir), "run_name": check_name(form.run_name, "run"),
                     "samples_per_step": group, "progress_bar": False},
         "max_steps": form.max_steps,
     }  # fmt: skip
+
+
+def start_problems(form: TrainForm, data: dict[str, Any] | None = None) -> list[str]:
+    """What makes a valid config still pointless to start (the config loader allows these on purpose:
+    ``max_steps: 0`` evaluates only, a group of one is fine for SFT); max turns below 1 the loader refuses.
+    With the config ``data``, an SFT data file that is not there is one too."""
+    problems = []
+    if int(form.max_steps) < 1:
+        problems.append(f"steps must be at least 1 (got {form.max_steps})")
+    sft_data = ((data or {}).get("sft") or {}).get("data") if form.loss == SFT else None
+    if sft_data and not Path(sft_data).is_file():
+        problems.append(
+            f"the SFT data file {sft_data!r} does not exist (rlf-collect writes one, docs/sft.md)"
+        )
+    if int(form.group_size) < 2 and form.loss != SFT:
+        problems.append(
+            "group size must be at least 2: GRPO-style losses compare the samples of one prompt "
+            f"with each other (got {form.group_size})"
+        )
+    return problems
 
 
 def check_config(data: dict[str, Any]) -> dict[str, Any]:
@@ -159,7 +230,7 @@ def save_config(project: Project, data: dict[str, Any]) -> Path:
 
 def load_form(project: Project, name: str) -> TrainForm:
     """The form values of a saved config (fields the form does not show are kept in the file)."""
-    path = project.configs_dir / f"{check_name(name)}.yaml"
+    path = project.configs_dir / f"{check_name(name, 'config')}.yaml"
     if not path.is_file():
         raise TrainConfigError(f"no saved config {name!r}; saved: {', '.join(project.configs()) or 'none'}")
     data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
@@ -167,10 +238,12 @@ def load_form(project: Project, name: str) -> TrainForm:
     model = data.get("model", {})
     get = lambda section, key, default: (data.get(section) or {}).get(key, default)  # noqa: E731
     defaults = TrainForm()
+    simulator = get("env", "kwargs", {}).get("user_simulator") or {}
+    simulator = simulator if isinstance(simulator, dict) else {}
     return TrainForm(
         model=model.get("prepare") or model.get("path") or "",
         run_name=get("logging", "run_name", name),
-        loss=get("algorithm", "loss", defaults.loss),
+        loss=SFT if get("algorithm", "name", "grpo") == SFT else get("algorithm", "loss", defaults.loss),
         group_size=get("algorithm", "group_size", defaults.group_size),
         prompts_per_step=get("rollout", "prompts_per_step", defaults.prompts_per_step),
         lr=get("optim", "lr", defaults.lr),
@@ -182,6 +255,10 @@ def load_form(project: Project, name: str) -> TrainForm:
         backend=get("policy", "backend", defaults.backend),
         eval_every=get("eval", "every", defaults.eval_every),
         checkpoint_every=get("checkpoint", "every", defaults.checkpoint_every),
+        env_id=get("env", "id", defaults.env_id),
+        sim_base_url=str(simulator.get("base_url") or ""),
+        sim_model=str(simulator.get("model") or ""),
+        sft_data=str(get("sft", "data", "") or ""),
     )
 
 

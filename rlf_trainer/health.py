@@ -34,6 +34,7 @@ import numpy as np
 from rlf_trainer.config_sections import HealthCheckName, HealthConfig
 
 CHECK_NAMES: tuple[str, ...] = typing.get_args(HealthCheckName)
+HEALTH_FILE = "health.jsonl"  # in the run dir: one Trip a line (RLF Studio reads it)
 # Tool-call errors that mean the model wrote a bad call (not that a tool or server failed).
 INVALID_CALL_KINDS = ("bad_json", "bad_format", "unknown_tool", "bad_arguments")
 
@@ -328,7 +329,7 @@ class HealthLog:
     def __init__(
         self, run_dir: str | Path | None, fail_on: list[str], *, echo: Callable[[str], Any] | None = None
     ):
-        self.path = Path(run_dir) / "health.jsonl" if run_dir is not None else None
+        self.path = Path(run_dir) / HEALTH_FILE if run_dir is not None else None
         self.fail_on = set(fail_on)
         self.warned: set[str] = set()
         self.echo = echo or (lambda line: print(line, file=sys.stderr, flush=True))

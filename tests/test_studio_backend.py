@@ -31,21 +31,14 @@ from rlf_studio.runner import RunProcess
 from rlf_studio.runs import curve_rows, metric_keys, rollouts_html
 from rlf_studio.tools import BUNDLED_SERVERS, add_bundled, check_mcp_json, connect
 from tests.helpers import REPO
+from tests.studio_fixtures.projects import echo_project
 
 FIXTURES = REPO / "tests" / "studio_fixtures"
-TASKS = [
-    {"question": "Echo the word ping.", "answer": "ping"},
-    {"question": "Echo the word pong.", "answer": "pong"},
-]
 
 
 @pytest.fixture
 def project(tmp_path: Path) -> Project:
-    project = create_project(tmp_path, "p")
-    save_tasks(project, TASKS, [], {"file": "inline"})
-    config, _ = add_bundled("{}", "latency")
-    project.write_json(project.mcp_path, config)
-    return project
+    return echo_project(tmp_path)
 
 
 def _run(coro):

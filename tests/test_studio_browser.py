@@ -3,8 +3,10 @@
 One studio process and one browser page serve the whole module; the tests run in file order and
 each picks up where the previous one left the page (a project, then its servers, tasks, reward,
 an episode, a training run and its curves), the way a person goes through the tabs. Each test
-also feeds the tab a bad input and checks the message. Every tab's screenshot lands in
-docs/studio/*.png, which docs/studio.md shows.
+also feeds the tab a bad input and checks the message, and the page is reloaded on the way to
+check that nothing a person typed or opened is lost. Every tab's screenshot lands in a temporary
+folder, or in ``$RLF_STUDIO_SCREENSHOTS`` (``docs/studio`` refreshes the ones docs/studio.md shows).
+The last test checks the browser console for the warnings the plots used to print.
 """
 
 from __future__ import annotations
@@ -16,12 +18,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.studio_fixtures.browser import FIXTURES, TRAIN_TIMEOUT_MS, Page, chromium_path, studio_server
+from tests.studio_fixtures.browser import (
+    FIXTURES,
+    TRAIN_TIMEOUT_MS,
+    Page,
+    chromium_path,
+    screenshot_dir,
+    studio_server,
+)
 
 pytest.importorskip("gradio")
 pytest.importorskip("playwright")
 
 pytestmark = pytest.mark.timeout(600)
+FORM_KEY = "rlf-studio-train-form"  # rlf_studio.ui.app: the Train form's local-storage entry
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +40,7 @@ def project_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def ui(project_dir: Path) -> Iterator[Page]:
+def ui(project_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Page]:
     from playwright.sync_api import sync_playwright
 
     executable = chromium_path()
@@ -38,7 +48,7 @@ def ui(project_dir: Path) -> Iterator[Page]:
         browser = playwright.chromium.launch(executable_path=executable, headless=True)
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         page.goto(url)
-        yield Page(page)
+        yield Page(page, screenshot_dir(tmp_path_factory.mktemp("screenshots")))
         browser.close()
 
 
@@ -47,7 +57,7 @@ def project(project_dir: Path) -> Path:
     return project_dir / "demo"
 
 
-def test_create_project(ui: Page, project: Path) -> None:
+def test_create_project_and_reload(ui: Page, project: Path) -> None:
     ui.fill("project-name", "../oops")
     ui.click("project-create")
     ui.sees("project-status", "a project name may hold letters")
@@ -56,6 +66,12 @@ def test_create_project(ui: Page, project: Path) -> None:
     ui.sees("project-status", "created project 'demo'")
     ui.sees("current-project", str(project))
     assert (project / "project.json").is_file()
+    # a fresh page lists the projects that exist now, and a reload keeps the open project
+    ui.wait_stored("rlf-studio-project", None)  # rlf_studio.ui.app keeps the open project there
+    ui.reload()
+    ui.sees("current-project", str(project))
+    ui.sees("project-status", "reopened project 'demo'")
+    assert "demo" in ui.options("project-list")
 
 
 def test_tools_bundled_server_and_playground(ui: Page, project: Path) -> None:
@@ -75,6 +91,8 @@ def test_tools_bundled_server_and_playground(ui: Page, project: Path) -> None:
     ui.click("mcp-connect")
     ui.sees("tools-status", "connected")
     ui.sees("tools-table", "sleep")
+    ui.sees("tools-tokens", "tool schema(s) take", timeout_ms=TRAIN_TIMEOUT_MS)  # loads a tokenizer
+    ui.sees("tools-tokens", "count against *tokens per episode*".replace("*", ""))
     ui.pick("tool-name", "sleep")
     ui.fill("tool-args", '{"ms": 5, "payload": "hello studio"}')
     ui.click("tool-call")
@@ -85,6 +103,13 @@ def test_tools_bundled_server_and_playground(ui: Page, project: Path) -> None:
     ui.fill("tool-args", '{"ms": "soon"}')
     ui.click("tool-call")
     ui.sees("tool-call-status", "bad_arguments")
+    ui.fill("tool-args", '{"ms": 5, "payload": "second call"}')
+    ui.click("tool-call")
+    ui.has_value("tool-result", "second call")
+    ui.fill("tool-args", "{not json")
+    ui.click("tool-call")
+    ui.sees("tool-call-status", "Invalid arguments JSON")
+    ui.expect(ui.page.locator("#tool-result textarea")).to_have_value("")  # no stale result
     ui.fill("mcp-json", "{not json")
     ui.click("mcp-save")
     ui.sees("tools-status", "nothing saved")
@@ -99,8 +124,17 @@ def test_data_upload_map_and_save(ui: Page, project: Path) -> None:
     ui.click("data-preview")
     ui.sees("data-status", "pick the question column; the file's columns are: label, text")
 
+    # a rejected file leaves nothing loaded: Save must not save the previous file's rows
+    ui.upload("data-file", FIXTURES / "tasks.csv")
+    ui.sees("data-status", "tasks.csv is not a task file")
+    ui.click("data-save")
+    ui.sees("data-status", "load a task file first")
+    assert not (project / "tasks" / "train.jsonl").exists()
+
     ui.upload("data-file", FIXTURES / "tasks.jsonl")
     ui.sees("data-status", "read 4 row(s)")
+    ui.pick("data-id", "(row number)")
+    ui.pick("data-id", "qid")  # the file's own id column (also the guess)
     ui.click("data-preview")
     ui.sees("data-status", "4 task(s) mapped")
     ui.click("data-save")
@@ -108,6 +142,7 @@ def test_data_upload_map_and_save(ui: Page, project: Path) -> None:
     ui.screenshot("data")
     train = [json.loads(line) for line in (project / "tasks" / "train.jsonl").read_text().splitlines()]
     assert len(train) == 3 and all(isinstance(t["answer"], list) for t in train)
+    assert {t["id"] for t in train} < {"t0", "t1", "t2", "t3"}
 
 
 def test_reward_compose_preview_and_bad_file(ui: Page, project: Path) -> None:
@@ -123,6 +158,9 @@ def test_reward_compose_preview_and_bad_file(ui: Page, project: Path) -> None:
     ui.screenshot("reward")
 
     ui.check("reward-names", "python")
+    ui.fill("reward-file", str(FIXTURES / "no_such_reward.py"))
+    ui.click("reward-preview")
+    ui.sees("reward-preview-status", "no_such_reward.py' does not exist")
     ui.fill("reward-file", str(FIXTURES / "raising_reward.py"))
     ui.click("reward-preview")
     ui.sees("reward-preview-status", "the reward raised ZeroDivisionError")
@@ -161,12 +199,28 @@ def _train_form(ui: Page, model: Path, run: str, steps: int) -> None:
     ui.fill("train-lr", "0.001")
 
 
-def test_train_abort_start_finish_resume(ui: Page, project: Path, tool_calling_model_dir: Path) -> None:
+def _refused(ui: Page, elem_id: str, value: str, message: str, good: str) -> None:
+    """Start with one bad field: the message, and no run started; then the field back to ``good``."""
+    ui.fill(elem_id, value)
+    ui.click("train-start")
+    ui.sees("train-status", message, timeout_ms=TRAIN_TIMEOUT_MS)
+    ui.sees("train-status", "no run started")
+    if good:
+        ui.fill(elem_id, good)
+
+
+def test_train_form_checks_and_survives_a_reload(
+    ui: Page, project: Path, tool_calling_model_dir: Path
+) -> None:
     ui.tab("Train")
     # the tiny model fitted to call `sleep`: a random one never writes a tool call to show in Runs
     _train_form(ui, tool_calling_model_dir, "tiny", -1)
     ui.click("train-preview")
     ui.sees("train-status", "max_steps must be >= 0")
+    ui.fill("train-run", "my run")
+    ui.click("train-preview")
+    ui.sees("train-status", "a run name may hold letters")
+    ui.fill("train-run", "tiny")
     ui.fill("train-steps", "2")
     ui.click("train-preview")
     ui.sees("train-status", "the config is valid")
@@ -174,25 +228,71 @@ def test_train_abort_start_finish_resume(ui: Page, project: Path, tool_calling_m
     ui.click("train-save")
     ui.sees("train-status", "saved")
 
+    # the YAML panel follows the form, never shows an older config
+    ui.page.get_by_text("config YAML (follows the form)").click()
+    ui.sees("train-config-yaml", "max_steps: 2")
+    ui.fill("train-steps", "5")
+    ui.sees("train-config-yaml", "max_steps: 5")
+    ui.fill("train-steps", "2")
+    ui.sees("train-config-yaml", "max_steps: 2")
+
+    _refused(ui, "train-steps", "0", "steps must be at least 1", "2")
+    _refused(ui, "train-turns", "0", "rollout.max_turns must be >= 1", "2")  # the config loader's own
+    _refused(ui, "train-group", "1", "group size must be at least 2", "2")
+    _refused(ui, "train-model", "/no/such/model", "the model folder '/no/such/model' does not exist",
+             str(tool_calling_model_dir))  # fmt: skip
+    _refused(ui, "train-total-tokens", "48", "the longest train prompt takes", "")
+    assert not (project / "runs" / "tiny").exists()
+
+    saved = ui.stored(FORM_KEY)
+    ui.fill("train-total-tokens", "1024")
+    ui.click("train-preview")  # a round trip after the change: its save has been answered too
+    ui.sees("train-status", "the config is valid")
+    ui.wait_stored(FORM_KEY, saved)  # the browser has stored the form's last change
+    ui.reload()  # the open project and the form's values stay
+    ui.sees("current-project", str(project))
+    ui.tab("Train")
+    ui.has_value("train-model", str(tool_calling_model_dir))
+    ui.has_value("train-run", "tiny")
+    ui.has_value("train-new-tokens", "32")
+    ui.has_value("train-total-tokens", "1024")
+
+
+def test_train_abort_start_finish_resume(ui: Page, project: Path) -> None:
     ui.click("train-start")
-    ui.sees("train-status", "started run 'tiny'")
+    ui.sees("train-status", "started run 'tiny'", timeout_ms=TRAIN_TIMEOUT_MS)
+    ui.sees("train-status", "left for the episode")  # the budget's numbers
+    ui.sees("train-progress", "elapsed")
     ui.click("train-abort")
-    ui.sees("train-status", "run 'tiny' aborted")
+    ui.sees("train-status", "Stopped: run 'tiny' aborted")
+    ui.sees("train-progress", "Aborted: step")
+    ui.lacks("train-progress", "Running")
     ui.click("train-resume")
     ui.sees("train-status", "no checkpoint to resume from")
     ui.click("train-start")
-    ui.sees("train-status", "started run 'tiny'")
+    ui.sees("train-status", "started run 'tiny'", timeout_ms=TRAIN_TIMEOUT_MS)
     ui.sees("train-status", "run 'tiny' finished", timeout_ms=TRAIN_TIMEOUT_MS)
-    ui.sees("train-progress", "step 2/2")
+    ui.sees("train-progress", "Done: step 2/2, took")
     ui.screenshot("train")
+    ui.click("train-abort")  # the run has ended: nothing to abort, and no error
+    ui.sees("train-status", "run 'tiny' had already ended (Done): nothing to abort")
+    ui.lacks("train-status", "Error")
     ui.click("train-start")
     ui.sees("train-status", "already exists: press Resume")
 
+    # the trainer's health checks (docs/trainer.md) write health.jsonl; the progress says them in words
+    trip = {"step": 2, "check": "no_learning_signal", "message": "every group had one reward",
+            "hint": "raise algorithm.group_size"}  # fmt: skip
+    (project / "runs" / "tiny" / "health.jsonl").write_text(json.dumps(trip) + "\n")
     ui.fill("train-steps", "3")
     ui.click("train-resume")
-    ui.sees("train-status", "resumed run 'tiny'")
+    ui.sees("train-status", "resumed run 'tiny'", timeout_ms=TRAIN_TIMEOUT_MS)
     ui.sees("train-status", "run 'tiny' finished", timeout_ms=TRAIN_TIMEOUT_MS)
-    ui.sees("train-progress", "step 3/3")
+    ui.sees("train-progress", "Done: step 3/3")
+    ui.sees(
+        "train-health",
+        "no_learning_signal (step 2): every group had one reward. Try: raise algorithm.group_size",
+    )
     steps = [
         json.loads(line)["step"]
         for line in (project / "runs" / "tiny" / "metrics.jsonl").read_text().splitlines()
@@ -200,12 +300,45 @@ def test_train_abort_start_finish_resume(ui: Page, project: Path, tool_calling_m
     assert steps == [1, 2, 3]
 
 
+def test_train_other_envs(ui: Page) -> None:
+    ui.page.get_by_text("config YAML (follows the form)").click()  # closed again by the reload
+    ui.pick("train-env", "RLF/Codebook-v0")
+    ui.fill("train-run", "codebook")
+    ui.click("train-preview")
+    ui.sees("train-status", "the config is valid")
+    ui.sees("train-config-yaml", "id: RLF/Codebook-v0")
+    ui.pick("train-loss", "sft")  # the trainer's SFT stage (docs/sft.md)
+    ui.click("train-preview")
+    ui.sees("train-status", "algorithm.name=sft needs sft.data")
+    ui.fill("train-sft-data", "demos.jsonl")
+    ui.sees("train-config-yaml", "name: sft")
+    ui.click("train-start")
+    ui.sees("train-status", "demos.jsonl' does not exist")
+    ui.sees("train-status", "no run started")
+    ui.fill("train-sft-data", "")
+    ui.pick("train-loss", "grpo")
+    ui.pick("train-env", "RLF/CustomerService-v0")
+    ui.fill("train-sim-url", "http://127.0.0.1:9/v1")
+    ui.click("train-preview")
+    ui.sees("train-status", "needs both an endpoint URL and a model name")
+    ui.fill("train-sim-model", "customer")
+    ui.click("train-preview")
+    ui.sees("train-config-yaml", "base_url: http://127.0.0.1:9/v1")
+    ui.fill("train-sim-url", "")
+    ui.fill("train-sim-model", "")
+    ui.pick("train-env", "RLF/ToolUse-v0")
+    ui.fill("train-run", "tiny")
+
+
 def test_runs_curves_and_rollouts(ui: Page) -> None:
-    ui.tab("Runs")
-    ui.click("runs-refresh")
+    ui.tab("Runs")  # opening the tab lists the runs as they are now: no Refresh needed
     ui.sees("runs-status", "2 run(s) in demo")
+    ui.sees("runs-summary", "no_learning_signal (step 2)")
+    ui.pick("runs-metrics", "response_length")
     ui.click("runs-show")
-    ui.sees("runs-status", "point(s)")
+    ui.sees("runs-status", "in 2 panel(s), one per metric")
+    assert ui.visible("runs-curve-0") and ui.visible("runs-curve-1") and not ui.visible("runs-curve-2")
+    ui.sees("runs-curve-1", "response_length")
     ui.click("rollout-show")
     ui.sees("rollout-html", "step 1: 4 episode(s) in 2 group(s)")  # the tiny run: G=2 x 2 prompts
     ui.sees("rollout-html", "tool call: sleep")  # the run's own episodes called the tool
@@ -235,3 +368,8 @@ def test_runs_curves_and_rollouts(ui: Page) -> None:
     ui.click("project-open")
     ui.sees("project-summary", "2 run(s)")
     ui.screenshot("projects")
+
+
+def test_no_plot_warnings_in_the_console(ui: Page) -> None:
+    plots = [line for line in ui.console if re.search(r"vega|plot|scale|infinite extent", line, re.I)]
+    assert plots == [], plots

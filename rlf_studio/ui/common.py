@@ -31,6 +31,11 @@ def ok(message: str) -> str:
     return f"**Done:** {message}"
 
 
+def stopped(message: str) -> str:
+    """A run the person stopped: neither done nor an error."""
+    return f"**Stopped:** {html.escape(message)}"
+
+
 def error(message: str) -> str:
     return f"**Error:** {html.escape(message)}"
 
@@ -71,7 +76,7 @@ class Studio:
         for key in list(self.episodes):
             self.replace_episode(key, None)
         for run in [*self.runs.values(), *self.servers.values()]:
-            run.abort(grace_s=5)
+            run.abort()
 
 
 def guarded(n_outputs: int, status_index: int = 0) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

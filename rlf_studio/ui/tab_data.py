@@ -1,4 +1,9 @@
-"""Data tab: upload or point to a task file, map its fields, preview, split and save into the project."""
+"""Data tab: upload or point to a task file, map its fields, preview, split and save into the project.
+
+A file that cannot be read empties the loaded rows: "Save into project" then says to load a file,
+never saves the rows of an earlier file. The id column is the user's choice (guessed from the
+usual names; "(row number)" numbers the rows).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import pandas as pd
 
 from rlf_studio.data import (
     columns,
+    guess_id_column,
     guess_mapping,
     load_tasks,
     map_records,
@@ -18,7 +24,9 @@ from rlf_studio.data import (
     save_tasks,
     split_records,
 )
-from rlf_studio.ui.common import Studio, guarded, ok, status_box
+from rlf_studio.ui.common import Studio, error, guarded, ok, status_box
+
+ROW_NUMBER = "(row number)"  # the id choice that numbers the rows
 
 
 def _table(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -38,11 +46,22 @@ def _loaded(file: str) -> tuple[Any, ...]:
         Path(file).name,
         gr.update(choices=cols, value=q or None),
         gr.update(choices=cols, value=a or None),
+        gr.update(choices=[ROW_NUMBER, *cols], value=guess_id_column(cols) or ROW_NUMBER),
         _table(rows),
     )
 
 
-LOADED = 6  # outputs of _loaded
+def _rejected(message: str) -> tuple[Any, ...]:
+    """The outputs after a file that cannot be read: the error, and nothing loaded any more."""
+    empty = gr.update(choices=[], value=None)
+    return error(message + " (nothing loaded)"), [], "", empty, empty, empty, pd.DataFrame()
+
+
+def _id_column(choice: str | None) -> str:
+    return "" if not choice or choice == ROW_NUMBER else choice
+
+
+LOADED = 7  # outputs of _loaded
 
 
 class DataTab:
@@ -61,15 +80,24 @@ class DataTab:
         self.rows_state = gr.State([])
         self.source_state = gr.State("")
         with gr.Row():
-            self.upload = gr.File(label="Upload a task file", file_types=[".jsonl", ".json", ".parquet"],
-                                  elem_id="data-file", scale=2)  # fmt: skip
+            # no file_types filter: the browser would drop another file silently, keeping the last
+            # one loaded; read_records names what is wrong with it instead
+            self.upload = gr.File(label="Upload a task file (.jsonl, .json, .parquet)", elem_id="data-file",
+                                  scale=2)  # fmt: skip
             with gr.Column(scale=2):
                 self.path = gr.Textbox(label="...or a path on this machine", elem_id="data-path")
                 self.load = gr.Button("Load path", elem_id="data-load")
         self.status = status_box("data-status")
         with gr.Row():
-            self.question = gr.Dropdown([], label="question column", elem_id="data-question")
-            self.answer = gr.Dropdown([], label="answer column", elem_id="data-answer")
+            # custom values allowed: a rejected file empties the choices, and a value left from the
+            # file before must not fail the next event's preprocessing
+            self.question = gr.Dropdown(
+                [], label="question column", elem_id="data-question", allow_custom_value=True
+            )
+            self.answer = gr.Dropdown(
+                [], label="answer column", elem_id="data-answer", allow_custom_value=True
+            )
+            self.task_id = gr.Dropdown([], label="id column", elem_id="data-id", allow_custom_value=True)
             self.fraction = gr.Number(
                 0.25, label="test fraction", minimum=0, maximum=0.9, elem_id="data-test-fraction"
             )
@@ -80,44 +108,52 @@ class DataTab:
         self.table = gr.Dataframe(label="Rows", elem_id="data-table", wrap=True)
 
     def _wire(self, project_state: gr.State) -> None:
-        loaded = [self.status, self.rows_state, self.source_state, self.question, self.answer, self.table]
+        loaded = [self.status, self.rows_state, self.source_state, self.question, self.answer, self.task_id,
+                  self.table]  # fmt: skip
         # the upload box is emptied after each file, so the next file can be dropped right away
         self.upload.upload(self.on_upload, self.upload, loaded).then(lambda: None, None, self.upload)
         self.load.click(self.on_load, self.path, loaded)
-        mapping = [self.rows_state, self.question, self.answer]
+        mapping = [self.rows_state, self.question, self.answer, self.task_id]
         self.preview.click(self.on_preview, mapping, [self.status, self.table])
         save_inputs = [project_state, *mapping, self.fraction, self.seed, self.source_state]
         self.save.click(self.on_save, save_inputs, [self.status, self.table])
         project_state.change(self.on_project, project_state, [self.status, self.table])
 
-    @guarded(LOADED)
     def on_upload(self, file: Any) -> tuple[Any, ...]:
         if not file:
             return (gr.skip(),) * LOADED
-        return _loaded(file if isinstance(file, str) else file.name)
+        return self.read(file if isinstance(file, str) else file.name)
 
-    @guarded(LOADED)
     def on_load(self, text: str) -> tuple[Any, ...]:
         file = Path((text or "").strip()).expanduser()
         if not file.is_file():
-            raise ValueError(f"no file at {str(file)!r}")
-        return _loaded(str(file))
+            return _rejected(f"no file at {str(file)!r}")
+        return self.read(str(file))
+
+    def read(self, file: str) -> tuple[Any, ...]:
+        try:
+            return _loaded(file)
+        except Exception as exc:  # a bad file must not leave the previous file's rows to be saved
+            return _rejected(str(exc) or type(exc).__name__)
 
     @guarded(2)
-    def on_preview(self, rows: list[dict[str, Any]], q: str, a: str) -> tuple[Any, ...]:
+    def on_preview(self, rows: list[dict[str, Any]], q: str, a: str, task_id: str) -> tuple[Any, ...]:
         if not rows:
             raise ValueError("load a task file first")
-        tasks = map_records(rows, q, a)
+        tasks = map_records(rows, q, a, _id_column(task_id))
         return ok(f"{len(tasks)} task(s) mapped; first rows below"), _table(tasks)
 
     @guarded(2)
-    def on_save(self, path: str, rows: list[dict[str, Any]], q: str, a: str, fraction: float, seed: float,
-                source: str) -> tuple[Any, ...]:  # fmt: skip
+    def on_save(self, path: str, rows: list[dict[str, Any]], q: str, a: str, task_id: str, fraction: float,
+                seed: float, source: str) -> tuple[Any, ...]:  # fmt: skip
         project = self.studio.project(path)
         if not rows:
-            raise ValueError("load a task file first")
-        train, test = split_records(map_records(rows, q, a), float(fraction or 0), int(seed or 0))
-        mapping = {"file": source, "question": q, "answer": a, "test_fraction": fraction, "seed": seed}
+            raise ValueError("load a task file first: nothing is loaded")
+        id_column = _id_column(task_id)
+        tasks = map_records(rows, q, a, id_column)
+        train, test = split_records(tasks, float(fraction or 0), int(seed or 0))
+        mapping = {"file": source, "question": q, "answer": a, "id": id_column or None,
+                   "test_fraction": fraction, "seed": seed}  # fmt: skip
         return ok(save_tasks(project, train, test, mapping)), _table(train)
 
     def on_project(self, path: str) -> tuple[Any, ...]:

@@ -1,13 +1,20 @@
-"""Projects tab: create or open a project folder; list the projects and the open one's runs."""
+"""Projects tab: create or open a project folder; list the projects and the open one's runs.
+
+:meth:`ProjectsTab.on_page_load` runs on every page load: it lists the projects as they are now
+and reopens the project the browser had open before (kept in its local storage), so a reload
+never closes the open project.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import gradio as gr
 import pandas as pd
 
-from rlf_studio.project import Project, create_project, list_projects, open_project
+from rlf_studio.project import Project, ProjectError, create_project, list_projects, open_project
 from rlf_studio.runs import latest_summary
 from rlf_studio.ui.common import Studio, guarded, ok, status_box
 
@@ -28,7 +35,24 @@ def _opened(studio: Studio, project: Project, verb: str) -> tuple[Any, ...]:
     )
 
 
-def build(studio: Studio, project_state: gr.State) -> None:
+@dataclass
+class ProjectsTab:
+    """The tab's outputs and the page-load handler that restores the open project."""
+
+    studio: Studio
+    outputs: list[Any]  # status, project state, summary, runs table, project list
+
+    def on_page_load(self, saved_path: str) -> tuple[Any, ...]:
+        names = [p.name for p in list_projects(self.studio.root)]
+        if saved_path and Path(saved_path).is_dir():
+            try:
+                return _opened(self.studio, open_project(self.studio.root, saved_path), "reopened")
+            except ProjectError:
+                pass  # deleted or moved since: start with no project open
+        return "", gr.skip(), gr.skip(), gr.skip(), gr.update(choices=names, value=None)
+
+
+def build(studio: Studio, project_state: gr.State) -> ProjectsTab:
     gr.Markdown(
         f"Projects live in `{studio.root}`. A project folder holds the MCP servers (`mcp.json`), "
         "the tasks, the reward, train configs and runs: everything the other tabs edit."
@@ -57,3 +81,4 @@ def build(studio: Studio, project_state: gr.State) -> None:
     name.submit(on_open, name, outputs)
     open_button.click(on_open, name, outputs)
     existing.input(on_open, existing, outputs)
+    return ProjectsTab(studio, outputs)

@@ -1,4 +1,9 @@
-"""Tools tab: edit the ``mcpServers`` JSON, add bundled servers, connect, and call tools by hand."""
+"""Tools tab: edit the ``mcpServers`` JSON, add bundled servers, connect, and call tools by hand.
+
+After Connect the tab says how many prompt tokens the connected tools' schemas take under a
+model's chat template: every episode's prompt carries them, so they count against the Train tab's
+"tokens per episode" (``rollout.max_total_tokens``).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
+from rlf_studio.budget import BudgetError, load_tokenizer, schema_tokens
 from rlf_studio.tools import (
     BUNDLED_SERVERS,
     add_bundled,
@@ -64,6 +70,12 @@ class ToolsTab:
             self.save = gr.Button("Save", elem_id="mcp-save")
             self.connect = gr.Button("Connect", variant="primary", elem_id="mcp-connect")
         self.status = status_box("tools-status")
+        with gr.Row():
+            self.token_model = gr.Textbox("tiny-qwen3", label="count schema tokens with the chat template of "
+                                          "(a folder, a hub id, tiny-qwen3, smollm2-135m)", scale=3,
+                                          elem_id="tools-token-model")  # fmt: skip
+            self.count = gr.Button("Count tokens", elem_id="tools-token-count", scale=1)
+        self.tokens = gr.Markdown("", elem_id="tools-tokens")
         self.table = gr.Dataframe(headers=TOOL_COLUMNS, label="Tools", elem_id="tools-table", wrap=True)
 
     def _playground(self) -> None:
@@ -80,9 +92,12 @@ class ToolsTab:
             button.click(_adder(name), self.editor, [self.editor, self.status])
         self.validate.click(self.on_validate, self.editor, self.status)
         self.save.click(self.on_save, [project_state, self.editor], self.status)
+        counted = [project_state, self.token_model]
         self.connect.click(
             self.on_connect, [project_state, self.editor], [self.status, self.table, self.tool]
-        )
+        ).then(self.on_count, counted, self.tokens)
+        self.count.click(self.on_count, counted, self.tokens)
+        self.token_model.submit(self.on_count, counted, self.tokens)
         self.tool.change(self.on_pick, [project_state, self.tool], self.args)
         self.call.click(self.on_call, [project_state, self.tool, self.args], [self.call_status, self.result])
         project_state.change(self.on_project, project_state, self.editor)
@@ -118,18 +133,43 @@ class ToolsTab:
         choices = gr.update(choices=names, value=names[0] if names else None)
         return ok(f"connected: {len(specs)} tool(s): {', '.join(names)}"), rows, choices
 
+    @guarded(1)
+    def on_count(self, path: str, model: str) -> str:
+        session = self.studio.tool_sessions.get(str(self.studio.project(path).root))
+        if session is None:
+            return "Connect the servers to count their schemas' tokens."
+        tools = [s.to_openai() for s in session.specs()]
+        try:
+            tokenizer = load_tokenizer(model)
+        except BudgetError as exc:
+            return error(str(exc))
+        if tokenizer is None:
+            return error(f"the tokenizer of {model!r} is not on this machine: give a model folder")
+        count = schema_tokens(tokenizer, tools)
+        return (
+            f"**{len(tools)} tool schema(s) take {count} prompt tokens** with {model.strip()}'s chat "
+            "template: every episode's prompt carries them, so they count against *tokens per episode* "
+            "(Train tab, `rollout.max_total_tokens`)."
+        )
+
     def on_pick(self, path: str, name: str) -> str:
         session = self.studio.tool_sessions.get(path or "")
         spec = next((s for s in session.specs() if s.name == name), None) if session else None
         return example_arguments(spec) if spec else "{}"
 
-    @guarded(2)
     def on_call(self, path: str, name: str, text: str) -> tuple[str, str]:
+        """A call's status and result; a call that never ran empties the Result box (no stale result)."""
+        try:
+            return self.call_tool(path, name, text)
+        except Exception as exc:
+            return error(str(exc) or type(exc).__name__), ""
+
+    def call_tool(self, path: str, name: str, text: str) -> tuple[str, str]:
         session = self.studio.tool_sessions.get(str(self.studio.project(path).root))
         if session is None:
-            return error("no servers running: press Connect first"), gr.skip()
+            return error("no servers running: press Connect first"), ""
         if not name:
-            return error("pick a tool"), gr.skip()
+            return error("pick a tool"), ""
         outcome = session.call(name, parse_json_object(text, "arguments JSON"))
         if outcome.ok:
             return ok(outcome.markdown()), outcome.text

@@ -1,20 +1,35 @@
-"""Train tab: a form over the trainer config; preview / save / load; start, abort and resume a run."""
+"""Train tab: a form over the trainer config; preview / save / load; start, abort and resume a run.
+
+Start checks what the config loader allows but cannot train (no steps, no turns, a group of one,
+a model folder that does not exist) and whether the longest prompt fits the token budget
+(:mod:`rlf_studio.budget`) before any process starts. The live view shows the state, elapsed time,
+ETA and the trainer's tripped health checks (:mod:`rlf_studio.run_health`), and one curve panel
+per metric (metrics of different scales never share an axis).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import html
+import time
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
-import pandas as pd
 import yaml
 
+from rlf_studio.budget import BudgetError, check_budget
+from rlf_studio.plots import chart_html
 from rlf_studio.project import check_name
-from rlf_studio.runner import RunProcess, log_tail
+from rlf_studio.run_health import duration_words, health_words, pace_words, tripped_checks
+from rlf_studio.runner import RunProcess, log_tail, state_label
 from rlf_studio.runs import curve_rows, latest_summary, progress
 from rlf_studio.training import (
+    ALGORITHM_CHOICES,
+    ENV_CHOICES,
     PREPARED_MODELS,
+    SIMULATED_ENV,
+    TrainConfigError,
     TrainForm,
     check_config,
     command,
@@ -23,15 +38,14 @@ from rlf_studio.training import (
     load_form,
     run_env,
     save_config,
+    start_problems,
 )
-from rlf_studio.ui.common import Studio, error, guarded, ok, status_box
+from rlf_studio.ui.common import Studio, error, guarded, ok, status_box, stopped
 
 FORM_SIZE = len(dataclasses.fields(TrainForm))
-LIVE_PLOTS = {
-    "reward and accuracy": ["reward/mean", "accuracy", "eval/reward"],
-    "tool calls and KL": ["tool_calls_per_episode", "tool_error_rate", "kl"],
-    "response length (tokens)": ["response_length"],
-}
+STEPS_FIELD = [f.name for f in dataclasses.fields(TrainForm)].index("max_steps")
+# one panel per metric: a length in the thousands would flatten a reward in [0, 1] on a shared axis
+LIVE_METRICS = ["reward/mean", "accuracy", "tool_calls_per_episode", "response_length"]
 
 
 def _form_widgets() -> list[Any]:
@@ -41,9 +55,8 @@ def _form_widgets() -> list[Any]:
                            elem_id="train-model", scale=3)  # fmt: skip
         run_name = gr.Textbox(d.run_name, label="run name", elem_id="train-run", scale=1)
     with gr.Row():
-        loss = gr.Dropdown(
-            ["grpo", "dr_grpo", "dapo", "gspo"], value=d.loss, label="algorithm / loss", elem_id="train-loss"
-        )
+        loss = gr.Dropdown(list(ALGORITHM_CHOICES), value=d.loss, label="algorithm / loss (sft: supervised "
+                           "fine-tuning on the SFT data)", elem_id="train-loss")  # fmt: skip
         group = gr.Number(d.group_size, label="group size (G)", precision=0, elem_id="train-group")
         prompts = gr.Number(
             d.prompts_per_step, label="prompts per step", precision=0, elem_id="train-prompts"
@@ -73,15 +86,41 @@ def _form_widgets() -> list[Any]:
         ckpt_every = gr.Number(
             d.checkpoint_every, label="checkpoint every", precision=0, elem_id="train-ckpt"
         )
+    with gr.Row():
+        env_id = gr.Dropdown(list(ENV_CHOICES), value=d.env_id, label="environment (RLF/ToolUse-v0: this "
+                             "project's tools, tasks and reward; the others bring their own)", elem_id="train-env",
+                             scale=2)  # fmt: skip
+        sim_url = gr.Textbox(d.sim_base_url, label=f"user simulator endpoint ({SIMULATED_ENV}; empty: scripted)",
+                             elem_id="train-sim-url")  # fmt: skip
+        sim_model = gr.Textbox(d.sim_model, label="user simulator model", elem_id="train-sim-model")
+    sft_data = gr.Textbox(d.sft_data, label="SFT data (algorithm sft): a chat-messages JSONL, e.g. from "
+                          "rlf-collect (docs/sft.md); relative to the project folder", elem_id="train-sft-data")  # fmt: skip
     return [model, run_name, loss, group, prompts, lr, steps, turns, new_tokens, total_tokens, beta, backend,
-            launcher, accel, eval_every, ckpt_every]  # fmt: skip
+            launcher, accel, eval_every, ckpt_every, env_id, sim_url, sim_model, sft_data]  # fmt: skip
 
 
-def _progress_html(run_dir: Path, max_steps: int, state: str) -> str:
+def progress_html(run: RunProcess, run_dir: Path, max_steps: int) -> str:
+    """The live view's head: state, step, elapsed time and ETA, the last numbers, tripped health checks."""
     done, total = progress(run_dir, max_steps)
-    return (f"<div id='train-progress-text'>{state}: step {done}/{total}</div>"
+    state = run.status()
+    label = state_label(state) + ("" if state in ("running", "finished", "aborted") else f" ({state})")
+    elapsed = (time.time() if run.running else run.ended_at()) - run.started_at
+    pace = pace_words(elapsed, done, total) if run.running else f"took {duration_words(elapsed)}"
+    health = health_words(tripped_checks(run_dir))
+    warn = f"<div class='rlf-flag' id='train-health'>health: {html.escape(health)}</div>" if health else ""
+    return (f"<div id='train-progress-text'>{label}: step {done}/{total}, {pace}</div>"
             f"<progress value='{done}' max='{max(total, 1)}' style='width:100%'></progress>"
-            f"<div>{latest_summary(run_dir)}</div>")  # fmt: skip
+            f"<div>{html.escape(latest_summary(run_dir))}</div>{warn}")  # fmt: skip
+
+
+def final_message(run: RunProcess, name: str) -> str:
+    """The status line once a run has ended, worded like the progress head."""
+    state = run.status()
+    if state == "finished":
+        return ok(f"run {name!r} finished")
+    if state == "aborted":
+        return stopped(f"run {name!r} aborted")
+    return error(f"run {name!r} {state}")
 
 
 class TrainTab:
@@ -106,17 +145,14 @@ class TrainTab:
             self.resume = gr.Button("Resume", elem_id="train-resume")
         self.status = status_box("train-status")
         self.cmd = gr.Textbox(label="command", interactive=False, elem_id="train-command")
-        with gr.Accordion("config YAML", open=False):
+        with gr.Accordion("config YAML (follows the form)", open=False):
             self.config_view = gr.Code(language="yaml", interactive=False, elem_id="train-config-yaml")
 
     def _live_view(self) -> None:
         self.run_state = gr.State("")
         self.bar = gr.HTML("", elem_id="train-progress")
         with gr.Row():
-            self.curves = [
-                gr.LinePlot(x="step", y="value", color="series", label=label, elem_id=f"train-curve-{i}")
-                for i, label in enumerate(LIVE_PLOTS)
-            ]
+            self.curves = [gr.HTML("", elem_id=f"train-curve-{i}") for i in range(len(LIVE_METRICS))]
         self.log = gr.Textbox(
             label="log (tail)", lines=10, max_lines=10, interactive=False, elem_id="train-log"
         )
@@ -124,21 +160,32 @@ class TrainTab:
 
     def _wire(self, project_state: gr.State) -> None:
         form = [project_state, *self.widgets]
-        launched = [self.status, self.cmd, self.run_state, self.timer]
+        launched = [self.status, self.cmd, self.run_state, self.timer, self.config_view]
         self.preview.click(self.on_preview, form, [self.status, self.cmd, self.config_view])
-        self.save.click(self.on_save, form, [self.status, self.configs, self.cmd])
+        self.save.click(self.on_save, form, [self.status, self.configs, self.cmd, self.config_view])
         self.load.click(self.on_load, [project_state, self.configs], [self.status, *self.widgets])
         self.start.click(self.on_start, form, launched)
         self.resume.click(self.on_resume, form, launched)
-        self.abort.click(self.on_abort, self.run_state, self.status)
+        self.abort.click(self.on_abort, [self.run_state, self.widgets[STEPS_FIELD]], [self.status, self.bar])
         live = [self.bar, *self.curves, self.log, self.status, self.timer]
-        self.timer.tick(self.on_tick, [self.run_state, self.widgets[6]], live)
+        self.timer.tick(self.on_tick, [self.run_state, self.widgets[STEPS_FIELD]], live)
         project_state.change(self.on_project, project_state, self.configs)
+        # the YAML panel always shows the config of the form as it is now, never an older one
+        gr.on([project_state.change, *(w.change for w in self.widgets)], self.on_form_change, form,
+              self.config_view, trigger_mode="always_last", show_progress="hidden")  # fmt: skip
 
     def form_config(self, path: str, values: tuple[Any, ...]) -> tuple[Any, TrainForm, dict[str, Any]]:
         project = self.studio.project(path)
         form = TrainForm.from_values(list(values))
         return project, form, check_config(config_dict(project, form))
+
+    def on_form_change(self, path: str, *values: Any) -> str:
+        if not path:
+            return "# open a project first (Projects tab)"
+        try:
+            return yaml.safe_dump(self.form_config(path, values)[2], sort_keys=False)
+        except Exception as exc:  # the form is half-typed: say why there is no config yet
+            return f"# not a valid config yet: {exc}"
 
     @guarded(3)
     def on_preview(self, path: str, *values: Any) -> tuple[Any, ...]:
@@ -150,12 +197,13 @@ class TrainTab:
             yaml.safe_dump(data, sort_keys=False),
         )
 
-    @guarded(3)
+    @guarded(4)
     def on_save(self, path: str, *values: Any) -> tuple[Any, ...]:
         project, form, data = self.form_config(path, values)
         target = save_config(project, data)
         choices = gr.update(choices=project.configs(), value=form.run_name)
-        return ok(f"saved {target}"), choices, command_text(command(target, form))
+        text = yaml.safe_dump(data, sort_keys=False)
+        return ok(f"saved {target}"), choices, command_text(command(target, form)), text
 
     @guarded(1 + FORM_SIZE)
     def on_load(self, path: str, name: str) -> tuple[Any, ...]:
@@ -164,9 +212,27 @@ class TrainTab:
         form = load_form(self.studio.project(path), name)
         return (ok(f"loaded {name}"), *form.values())
 
+    def checked_before_start(self, form: TrainForm, data: dict[str, Any]) -> str:
+        """Raise for a run that cannot train; else the budget numbers in words."""
+        problems = start_problems(form, data)
+        if problems:
+            raise TrainConfigError("; ".join(problems) + " (no run started)")
+        try:
+            report = check_budget(form.model, data)
+        except BudgetError as exc:
+            raise TrainConfigError(f"{exc} (no run started)") from None
+        if report is None:
+            return "token budget: the model's tokenizer is not on this machine yet; the trainer checks it"
+        if report.problem():
+            raise TrainConfigError(f"{report.problem()} (no run started)")
+        return report.words()
+
     def launch(self, path: str, values: tuple[Any, ...], resuming: bool) -> tuple[Any, ...]:
-        project, form, data = self.form_config(path, values)
-        run_dir = project.runs_dir / check_name(form.run_name)
+        try:
+            project, form, data = self.form_config(path, values)
+        except TrainConfigError as exc:
+            raise TrainConfigError(f"{exc} (no run started)") from None
+        run_dir = project.runs_dir / check_name(form.run_name, "run")
         current = self.studio.runs.get(str(run_dir))
         if current is not None and current.running:
             raise ValueError(f"run {form.run_name!r} is already running")
@@ -175,41 +241,42 @@ class TrainTab:
             raise ValueError(f"run {form.run_name!r} has no checkpoint to resume from: press Start")
         if not resuming and (has_checkpoint or (run_dir / "metrics.jsonl").exists()):
             raise ValueError(f"run {form.run_name!r} already exists: press Resume, or pick a new run name")
+        budget = self.checked_before_start(form, data)
         argv = command(save_config(project, data), form)
         self.studio.runs[str(run_dir)] = RunProcess.start(argv, run_dir, run_env(project), cwd=project.root)
         verb = "resumed" if resuming else "started"
-        return ok(f"{verb} run {form.run_name!r}"), command_text(argv), str(run_dir), gr.Timer(active=True)
+        return (ok(f"{verb} run {form.run_name!r} ({budget})"), command_text(argv), str(run_dir),
+                gr.Timer(active=True), yaml.safe_dump(data, sort_keys=False))  # fmt: skip
 
-    @guarded(4)
+    @guarded(5)
     def on_start(self, path: str, *values: Any) -> tuple[Any, ...]:
         return self.launch(path, values, resuming=False)
 
-    @guarded(4)
+    @guarded(5)
     def on_resume(self, path: str, *values: Any) -> tuple[Any, ...]:
         return self.launch(path, values, resuming=True)
 
-    @guarded(1)
-    def on_abort(self, run_dir: str) -> str:
+    @guarded(2)
+    def on_abort(self, run_dir: str, steps: float) -> tuple[Any, ...]:
         run = self.studio.runs.get(run_dir or "")
-        if run is None or not run.running:
-            return error("no run is running")
-        return ok(f"run {Path(run_dir).name!r} {run.abort()}")
+        if run is None:
+            return error("no run was started from this page: nothing to abort"), gr.skip()
+        name = Path(run_dir).name
+        if not run.running:
+            return ok(
+                f"run {name!r} had already ended ({state_label(run.status())}): nothing to abort"
+            ), gr.skip()
+        run.abort()  # SIGTERM to its process group, SIGKILL after a short grace: a few seconds at most
+        return final_message(run, name), progress_html(run, Path(run_dir), int(steps or 0))
 
     def on_tick(self, run_dir: str, steps: float) -> tuple[Any, ...]:
         run = self.studio.runs.get(run_dir or "")
         if run is None:
             return (gr.skip(),) * (3 + len(self.curves)) + (gr.Timer(active=False),)
-        state, folder = run.status(), Path(run_dir)
-        plots = [
-            pd.DataFrame(curve_rows({folder.name: folder}, keys), columns=["step", "value", "series"])
-            for keys in LIVE_PLOTS.values()
-        ]
-        final = (
-            gr.skip()
-            if run.running
-            else (ok if state == "finished" else error)(f"run {folder.name!r} {state}")
-        )
-        bar = _progress_html(folder, int(steps or 0), state)
+        folder = Path(run_dir)
+        plots = [chart_html(curve_rows({folder.name: folder}, [key]), key) for key in LIVE_METRICS]
+        final = gr.skip() if run.running else final_message(run, folder.name)
+        bar = progress_html(run, folder, int(steps or 0))
         return bar, *plots, log_tail(folder, 25), final, gr.Timer(active=run.running)
 
     def on_project(self, path: str) -> Any:

@@ -3,6 +3,10 @@
 Widgets are found by their ``elem_id`` (``#project-name``, ``#mcp-json``, ...); a Gradio textbox
 is a ``textarea`` or ``input`` inside that element, a dropdown an ``input`` whose options appear
 in a list once it is clicked.
+
+Screenshots go to a temporary folder, so running the tests never changes the tracked files;
+``RLF_STUDIO_SCREENSHOTS=docs/studio python -m pytest tests/test_studio_browser.py`` refreshes
+the docs' screenshots (docs/studio.md).
 """
 
 from __future__ import annotations
@@ -20,10 +24,19 @@ import pytest
 
 from tests.helpers import REPO, free_port, wait_for_port
 
-SCREENSHOTS = REPO / "docs" / "studio"
+SCREENSHOTS_ENV = "RLF_STUDIO_SCREENSHOTS"  # a folder (relative: to the repository) to write them into
 FIXTURES = REPO / "tests" / "studio_fixtures"
 STEP_TIMEOUT_MS = 30_000  # a Gradio round trip on a busy 2-core machine
 TRAIN_TIMEOUT_MS = 240_000  # a tiny-model run: interpreter, torch, model, 2 GRPO steps
+
+
+def screenshot_dir(default: Path) -> Path:
+    """``$RLF_STUDIO_SCREENSHOTS`` (e.g. docs/studio), else ``default`` (a test's temporary folder)."""
+    target = os.environ.get(SCREENSHOTS_ENV, "").strip()
+    if not target:
+        return default
+    path = Path(target)
+    return path if path.is_absolute() else REPO / path
 
 
 def chromium_path() -> str:
@@ -61,11 +74,47 @@ def studio_server(project_dir: Path) -> Iterator[str]:
 class Page:
     """A Playwright page with the few gestures the studio needs."""
 
-    def __init__(self, page: Any) -> None:
+    def __init__(self, page: Any, shots: Path) -> None:
         from playwright.sync_api import expect
 
         self.page = page
         self.expect = expect
+        self.shots = shots
+        self.console: list[str] = []  # the browser console's warnings and errors, as "type: text"
+        page.on("console", self._console)
+
+    def _console(self, message: Any) -> None:
+        if message.type in ("warning", "error"):
+            self.console.append(f"{message.type}: {message.text}")
+
+    def reload(self) -> None:
+        """Reload the page, as a person pressing F5, and wait until the app is back."""
+        self.page.reload()
+        self.page.get_by_role("tab", name="Projects", exact=True).wait_for(timeout=STEP_TIMEOUT_MS)
+
+    def stored(self, key: str) -> str | None:
+        """The browser's local-storage entry ``key`` (the studio keeps the open project and form there)."""
+        return self.page.evaluate("key => localStorage.getItem(key)", key)
+
+    def wait_stored(self, key: str, old: str | None) -> None:
+        """Until local storage's ``key`` differs from ``old`` (each save re-encrypts, so any save does)."""
+        self.page.wait_for_function("([key, old]) => localStorage.getItem(key) !== old", arg=[key, old],
+                                    timeout=STEP_TIMEOUT_MS)  # fmt: skip
+
+    def options(self, elem_id: str) -> list[str]:
+        """The options a dropdown offers (it is opened, read and closed)."""
+        self.page.locator(f"#{elem_id} input").first.click()
+        options = self.page.get_by_role("option")
+        options.first.wait_for(timeout=STEP_TIMEOUT_MS)
+        names = [text.strip().splitlines()[-1].strip() for text in options.all_inner_texts()]  # minus a tick
+        self.page.keyboard.press("Escape")
+        return names
+
+    def visible(self, elem_id: str) -> bool:
+        return self.page.locator(f"#{elem_id}").is_visible()
+
+    def lacks(self, elem_id: str, text: str, timeout_ms: int = STEP_TIMEOUT_MS) -> None:
+        self.expect(self.page.locator(f"#{elem_id}")).not_to_contain_text(text, timeout=timeout_ms)
 
     def tab(self, name: str) -> None:
         self.page.get_by_role("tab", name=name, exact=True).click()
@@ -105,8 +154,11 @@ class Page:
         self.expect(box).to_have_value(re.compile(".*" + re.escape(text) + ".*", re.S), timeout=timeout_ms)
 
     def screenshot(self, name: str) -> Path:
-        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        path = SCREENSHOTS / f"{name}.png"
-        self.page.wait_for_timeout(300)  # let the last update paint
+        self.shots.mkdir(parents=True, exist_ok=True)
+        path = self.shots / f"{name}.png"
+        # the last update painted: two animation frames have gone by since it was applied
+        self.page.evaluate(
+            "() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))"
+        )
         self.page.screenshot(path=str(path), full_page=True)
         return path

@@ -357,4 +357,4 @@ def test_async_rollout_mode_trains_with_the_hf_policy(tiny_model_dir, tmp_path):
     """``rollout.mode=async`` on HF runs (one request at a time: no engine to batch them)."""
     batch, metrics, _ = one_step(tiny_model_dir, tmp_path, "rollout.mode=async")
     assert metrics["grad_norm"] > 0 and metrics["kept_episodes"] == 4
-    assert len(batch.timelines) == 4 and metrics["time/rollout"] > 0
+    assert len(batch.timelines) == 4 and metrics["time/rollout"] <= metrics["time/step"]

@@ -250,6 +250,30 @@ def append_jsonl(path: str | os.PathLike[str], records: list[dict[str, Any]]) ->
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
+def drop_records_after(path: str | os.PathLike[str], step: int) -> int:
+    """Remove the lines of a samples JSONL logged after ``step``; returns how many went.
+
+    A run resumed from an earlier checkpoint logs those steps again, so without this the file
+    would hold two versions of them.
+
+        >>> import tempfile
+        >>> path = Path(tempfile.mkdtemp()) / "s.jsonl"
+        >>> append_jsonl(path, [{"step": 1}, {"step": 2}, {"step": 3}])
+        >>> drop_records_after(path, 1), path.read_text()
+        (2, '{"step": 1}\\n')
+    """
+    path = Path(path)
+    if not path.exists():
+        return 0
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
+    if len(kept) < len(lines):
+        tmp = Path(f"{path}.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        os.replace(tmp, path)
+    return len(lines) - len(kept)
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}

@@ -33,6 +33,7 @@ from rlf_trainer.health import HealthLog, HealthMonitor
 from rlf_trainer.metrics import (
     MetricsHistory,
     append_jsonl,
+    drop_records_after,
     plot_learning_curve,
     rollout_metrics,
     sample_records,
@@ -115,7 +116,9 @@ class GRPOTrainer:
             self.prefetch = grpo.Prefetch() if config.rollout.overlap else None
             self.sft_data, self.sft_sampler = self._load_sft_data()
             self._resume()
-            acc.init_trackers("tensorboard", config=flat_hparams(config.to_dict()))
+            # after a resume, TensorBoard hides the events a stopped run logged past the checkpoint
+            purge = {"tensorboard": {"purge_step": self.step + 1}} if self.step else {}
+            acc.init_trackers("tensorboard", config=flat_hparams(config.to_dict()), init_kwargs=purge)
         except BaseException:
             if hasattr(self, "policy"):
                 self.policy.close()
@@ -164,6 +167,8 @@ class GRPOTrainer:
         self._last_eval_step = state.get("last_eval_step")
         grpo.sync_weights(self.parts)
         if self.accelerator.is_main_process:
+            for name in ("train_samples.jsonl", "eval_samples.jsonl"):
+                drop_records_after(self.run_dir / name, self.step)
             logger.warning("resumed from %s at step %d", path, self.step)
 
     # ------------------------------------------------------------------------------ training

@@ -8,6 +8,7 @@ step 2 exactly (prompts, samples, loss, parameters).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -137,6 +138,32 @@ def test_resume_from_step_one_reproduces_step_two_exactly(straight_run, tiny_mod
     for name, value in straight_params.items():
         assert torch.allclose(resumed_params[name], value, atol=1e-6, rtol=0), name
     assert [r["step"] for r in history.records] == [1, 2]  # the history came back with the checkpoint
+
+
+def test_resume_in_the_same_run_folder_keeps_one_version_of_each_step(straight_run, tiny_model_dir, tmp_path):
+    """A stopped run logged steps past its last checkpoint: after the resume each step is there once."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    straight = straight_run[0]
+    shutil.copytree(straight.run_dir, tmp_path / "straight")
+    first = list_checkpoints(tmp_path / "straight" / "checkpoints")[0]
+    config = tiny_config(
+        tiny_model_dir, tmp_path, "logging.run_name=straight", f"checkpoint.resume={first}", "checkpoint.every=0"
+    )
+    resumed = GRPOTrainer(config)
+    resumed.train()
+    run_dir = tmp_path / "straight"
+
+    def steps(name: str) -> list[int]:
+        return [json.loads(line)["step"] for line in (run_dir / name).read_text().splitlines()]
+
+    assert steps("train_samples.jsonl") == [1, 1, 2, 2]  # not [1, 1, 2, 2, 2, 2]
+    assert steps("eval_samples.jsonl") == [2, 2, 2, 2]
+    assert steps("metrics.jsonl") == [1, 2]
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("reward/mean")] == [1, 2]
+    assert [e.step for e in events.Scalars("eval/reward")] == [2]
 
 
 def test_the_final_model_folder_loads_with_the_trained_weights(straight_run):

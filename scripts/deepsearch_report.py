@@ -1,0 +1,186 @@
+"""The DeepSearch recipe's figures over every seed run so far (docs/learning.md, issue 22).
+
+Reads ``OUT/seed*/`` as ``scripts/learning_runs.sh deepsearch SEED`` leaves it (``base_eval.json``,
+``sft/metrics.jsonl``, ``grpo/metrics.jsonl``) and writes:
+
+- ``OUT/seed*/summary.json`` and ``OUT/deepsearch_summary.json``: per stage (base, sft, grpo) one
+  list per figure with a value per seed (``em`` over every sampled test question, ``em_multihop``
+  over the 2- and 3-hop ones, per-hop EM, searches per episode, tool error rate), plus their mean
+  and sample std (ddof 1) and the issue's three targets checked;
+- ``OUT/deepsearch_curves.png``: per seed, GRPO train reward and searches per episode per step, and
+  per-hop EM of the greedy evals (base, after SFT, after GRPO);
+- the markdown table of docs/learning.md on stdout.
+
+A stage whose eval has not run yet is left out (``null`` in the lists).
+
+    python scripts/deepsearch_report.py runs/deepsearch [--copy-to docs/learning_runs]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+from pathlib import Path
+from typing import Any
+
+STAGES = ("base", "sft", "grpo")
+HOPS = (1, 2, 3)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def last_eval(run: Path, stage: str) -> dict[str, float]:
+    if stage == "base":
+        path = run / "base_eval.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+    evals = [r for r in read_jsonl(run / stage / "metrics.jsonl") if "eval/accuracy" in r]
+    return evals[-1] if evals else {}
+
+
+def stage_figures(m: dict[str, float]) -> dict[str, float | None]:
+    """EM overall, on 2-3 hops (episode-weighted) and per hop; searches per episode; tool errors per call."""
+    if not m:
+        return {}
+    hops = {h: (m.get(f"eval/hops={h}/accuracy"), m.get(f"eval/hops={h}/episodes", 0.0)) for h in HOPS}
+    multi = [(a, n) for h, (a, n) in hops.items() if h > 1 and a is not None]
+    return {
+        "em": m.get("eval/accuracy"),
+        "em_multihop": sum(a * n for a, n in multi) / sum(n for _, n in multi) if multi else None,
+        **{f"em_hops{h}": a for h, (a, _) in hops.items()},
+        **{f"episodes_hops{h}": n for h, (_, n) in hops.items()},
+        "searches_per_episode": m.get("eval/tool_calls_per_episode"),
+        "tool_error_rate": m.get("eval/tool_error_rate"),
+    }
+
+
+def mean_std(values: list[float | None]) -> dict[str, float | int] | None:
+    present = [v for v in values if v is not None]
+    if not present:
+        return None
+    std = statistics.stdev(present) if len(present) > 1 else 0.0
+    return {"mean": statistics.fmean(present), "std": std, "seeds": len(present)}
+
+
+def targets(summary: dict[str, Any]) -> dict[str, Any]:
+    """The issue's targets on the seeds that have all three stages (means over those seeds)."""
+    complete = [i for i, _ in enumerate(summary["seeds"]) if all(summary[s]["em"][i] is not None for s in STAGES)]
+    if not complete:
+        return {"seeds": []}
+
+    def mean(stage: str, key: str) -> float:
+        return statistics.fmean(summary[stage][key][i] for i in complete)
+
+    sft_gain = mean("sft", "em") - mean("base", "em")
+    multihop_gain = mean("grpo", "em_multihop") - mean("sft", "em_multihop")
+    one_hop_change = mean("grpo", "em_hops1") - mean("sft", "em_hops1")
+    return {
+        "seeds": [summary["seeds"][i] for i in complete],
+        "sft_em_minus_base": sft_gain,
+        "sft_em_minus_base_met": sft_gain >= 0.20,
+        "grpo_multihop_em_minus_sft": multihop_gain,
+        "grpo_multihop_em_minus_sft_met": multihop_gain >= 0.10,
+        "grpo_hops1_em_minus_sft": one_hop_change,
+        "grpo_hops1_em_minus_sft_met": one_hop_change >= -0.05,
+    }
+
+
+def summarise(out: Path) -> dict[str, Any]:
+    runs = sorted(out.glob("seed[0-9]*"), key=lambda p: int(p.name.removeprefix("seed")))
+    summary: dict[str, Any] = {"seeds": [run.name.removeprefix("seed") for run in runs]}
+    per_seed = []
+    for run in runs:
+        figures = {stage: stage_figures(last_eval(run, stage)) for stage in STAGES}
+        (run / "summary.json").write_text(json.dumps(figures, indent=1))
+        per_seed.append(figures)
+    keys = sorted({k for figures in per_seed for stage in figures.values() for k in stage})
+    for stage in STAGES:
+        summary[stage] = {k: [figures[stage].get(k) for figures in per_seed] for k in keys}
+        summary[stage]["mean_std"] = {k: mean_std(summary[stage][k]) for k in keys}
+    summary["targets"] = targets(summary)
+    return summary
+
+
+def table(summary: dict[str, Any]) -> str:
+    names = {"base": "base SmolLM2-135M-Instruct", "sft": "after SFT", "grpo": "after GRPO"}
+    cols = [("em", "EM (all)"), ("em_hops1", "EM 1-hop"), ("em_hops2", "EM 2-hop"), ("em_hops3", "EM 3-hop"),
+            ("em_multihop", "EM 2-3 hop"), ("searches_per_episode", "searches / episode"),
+            ("tool_error_rate", "tool errors / call")]  # fmt: skip
+    lines = ["| stage | " + " | ".join(c for _, c in cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for stage in STAGES:
+        cells = []
+        for key, _ in cols:
+            stats = summary[stage]["mean_std"].get(key)
+            per = ", ".join("-" if v is None else f"{v:.3f}" for v in summary[stage].get(key, []))
+            cells.append("not run" if stats is None else f"{stats['mean']:.3f} +- {stats['std']:.3f} ({per})")
+        lines.append(f"| {names[stage]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(out: Path, summary: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4), dpi=100)
+    for seed in summary["seeds"]:
+        rows = [r for r in read_jsonl(out / f"seed{seed}" / "grpo" / "metrics.jsonl") if "reward/mean" in r]
+        steps = [r["step"] for r in rows]
+        axes[0].plot(steps, [r["reward/mean"] for r in rows], marker="o", markersize=3, label=f"seed {seed}")
+        axes[1].plot(steps, [r["tool_calls_per_episode"] for r in rows], marker="o", markersize=3,
+                     label=f"seed {seed}")  # fmt: skip
+    axes[0].set(title="GRPO train reward (2-3 hop questions, T=1)", xlabel="GRPO step", ylabel="mean of 16 episodes")
+    axes[1].set(title="GRPO searches per episode", xlabel="GRPO step")
+    styles = ["-", "--", ":", "-."]
+    for i, seed in enumerate(summary["seeds"]):
+        for hop, colour in zip(HOPS, ("tab:blue", "tab:orange", "tab:green"), strict=True):
+            values = [summary[stage][f"em_hops{hop}"][i] for stage in STAGES]
+            xs = [x for x, v in enumerate(values) if v is not None]
+            axes[2].plot(xs, [values[x] for x in xs], styles[i % 4], color=colour, marker="o",
+                         label=f"{hop}-hop, seed {seed}")  # fmt: skip
+    axes[2].set(title="greedy EM on the test sample, per hop count", ylabel="EM", ylim=(-0.03, 1.03))
+    axes[2].set_xticks(range(len(STAGES)), ["base", "after SFT", "after GRPO"])
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def copy_runs(out: Path, docs: Path, summary: dict[str, Any]) -> None:
+    """Each seed's metrics and base eval into docs/learning_runs (the files docs/learning.md cites)."""
+    for seed in summary["seeds"]:
+        run = out / f"seed{seed}"
+        for source, name in ((run / "base_eval.json", "base_eval.json"),
+                             (run / "sft" / "metrics.jsonl", "sft_metrics.jsonl"),
+                             (run / "grpo" / "metrics.jsonl", "grpo_metrics.jsonl")):  # fmt: skip
+            if source.exists():
+                shutil.copyfile(source, docs / f"deepsearch_seed{seed}_{name}")
+    for name in ("deepsearch_summary.json", "deepsearch_curves.png"):
+        shutil.copyfile(out / name, docs / name)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="the runs folder (OUT of scripts/learning_runs.sh deepsearch)")
+    parser.add_argument("--machine", default="", help="recorded in the summary: where the runs ran")
+    parser.add_argument("--copy-to", type=Path, help="also copy the summary, PNG and per-seed files here")
+    args = parser.parse_args()
+    summary = summarise(args.out)
+    if args.machine:
+        summary["machine"] = args.machine
+    (args.out / "deepsearch_summary.json").write_text(json.dumps(summary, indent=1))
+    plot(args.out, summary, args.out / "deepsearch_curves.png")
+    if args.copy_to:
+        copy_runs(args.out, args.copy_to, summary)
+    print(table(summary))
+    print(json.dumps(summary["targets"], indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""scripts/deepsearch_report.py on run folders written here: the figures docs/learning.md reports."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO
+
+spec = importlib.util.spec_from_file_location("deepsearch_report", REPO / "scripts" / "deepsearch_report.py")
+report = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(report)
+
+
+def eval_row(em: tuple[float, float, float], episodes=(10, 20, 30), searches=1.0) -> dict[str, float]:
+    total = sum(episodes)
+    row = {"eval/accuracy": sum(e * n for e, n in zip(em, episodes, strict=True)) / total,
+           "eval/tool_calls_per_episode": searches, "eval/tool_error_rate": 0.0}  # fmt: skip
+    for hop, (e, n) in enumerate(zip(em, episodes, strict=True), start=1):
+        row |= {f"eval/hops={hop}/accuracy": e, f"eval/hops={hop}/episodes": float(n)}
+    return row
+
+
+def write_seed(out: Path, seed: int, sft: tuple, grpo: tuple | None) -> None:
+    run = out / f"seed{seed}"
+    (run / "sft").mkdir(parents=True)
+    (run / "base_eval.json").write_text(json.dumps(eval_row((0.0, 0.0, 0.0), searches=0.0)))
+    (run / "sft" / "metrics.jsonl").write_text(json.dumps({"step": 36, **eval_row(sft)}) + "\n")
+    if grpo is not None:
+        (run / "grpo").mkdir()
+        rows = [{"step": 1, "reward/mean": 0.1, "tool_calls_per_episode": 1.0},
+                {"step": 2, "reward/mean": 0.3, "tool_calls_per_episode": 2.0, **eval_row(grpo, searches=2.0)}]  # fmt: skip
+        (run / "grpo" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_summary_weights_multihop_by_episodes_and_checks_targets_on_complete_seeds(tmp_path: Path) -> None:
+    write_seed(tmp_path, 0, sft=(0.9, 0.0, 0.0), grpo=(0.9, 0.5, 0.2))
+    write_seed(tmp_path, 1, sft=(0.8, 0.1, 0.0), grpo=(0.7, 0.4, 0.1))
+    write_seed(tmp_path, 2, sft=(1.0, 0.0, 0.0), grpo=None)  # GRPO eval not run yet
+    summary = report.summarise(tmp_path)
+
+    assert summary["seeds"] == ["0", "1", "2"]
+    # 2-3 hop EM weights each hop by its episodes: (0.5 * 20 + 0.2 * 30) / 50
+    assert summary["grpo"]["em_multihop"][:2] == pytest.approx([0.32, 0.22])
+    assert summary["grpo"]["em"][2] is None
+    assert summary["sft"]["mean_std"]["em_hops1"] == pytest.approx({"mean": 0.9, "std": 0.1, "seeds": 3})
+    targets = summary["targets"]
+    assert targets["seeds"] == ["0", "1"]  # seed 2 has no GRPO eval: left out of the targets
+    assert targets["grpo_multihop_em_minus_sft"] == pytest.approx((0.32 + 0.22) / 2 - (0.0 + 0.04) / 2)
+    assert targets["grpo_multihop_em_minus_sft_met"] is True
+    assert targets["grpo_hops1_em_minus_sft"] == pytest.approx(-0.05)
+    assert json.loads((tmp_path / "seed0" / "summary.json").read_text())["grpo"]["em_hops3"] == 0.2
+
+    text = report.table(summary)
+    # EM over all 60: (0.9*10 + 0.5*20 + 0.2*30) / 60 = 0.417 and 0.300
+    assert "| after GRPO | 0.358 +- " in text and "(0.900, 0.700, -)" in text
+    report.plot(tmp_path, summary, tmp_path / "curves.png")
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -258,6 +258,9 @@ def test_sampled_episodes_are_token_exact(mode, tiny_model, tiny_tokenizer):
         assert phases <= batch.timings["total"]
     else:  # busy seconds summed over concurrent episodes: the per-episode timelines are the figure
         assert batch.timings["generate"] == pytest.approx(sum(sum(t.generate_s) for t in batch.timelines))
+        # one timed generation per turn of each episode, each episode's turns within the rollout's wall time
+        assert [len(t.generate_s) for t in batch.timelines] == [s.turns for s in stats]
+        assert all(t.critical_path_s <= batch.timings["total"] for t in batch.timelines)
 
 
 @rollout_modes

@@ -8,6 +8,7 @@ transcripts go to ``eval_samples.jsonl``.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ def evaluate(parts: StepParts, step: int, run_dir: Path) -> dict[str, float]:
     )
     stats: list[EpisodeStats] = []
     transcripts: list[list[dict[str, Any]]] = []
+    started = time.perf_counter()
     parts.policy.wake_up()
     for chunk_start in range(0, len(mine), num_envs):
         chunk = mine[chunk_start : chunk_start + num_envs]
@@ -51,6 +53,7 @@ def evaluate(parts: StepParts, step: int, run_dir: Path) -> dict[str, float]:
     metrics = {("eval/reward" if k == "eval/reward/mean" else k): v for k, v in metrics.items()}
     if cfg.eval.group_by:
         metrics |= grouped_metrics(stats, cfg.eval.group_by)
+    metrics["time/eval"] = time.perf_counter() - started  # not part of time/step
     metrics = mean_over_processes(acc, metrics)
     if cfg.logging.samples_jsonl:
         records = sample_records(stats, transcripts, step=step, limit=cfg.eval.samples_to_log, kind="eval")

@@ -46,6 +46,7 @@ EXPECTED_TAGS = {
     "groups/zero_variance",
     "eval/reward",
     "eval/accuracy",
+    "time/eval",
 }
 
 

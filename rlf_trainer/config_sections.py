@@ -263,6 +263,7 @@ HealthCheckName = Literal[
     "length_collapse",
     "length_runaway",
     "turn_truncation",
+    "turn_limit",
     "tool_call_errors",
     "repeated_tool_calls",
     "reward_vs_goal",
@@ -296,6 +297,7 @@ class HealthConfig(Section):
     length_collapse_ratio: Number = Field(0.2, gt=0, lt=1)
     length_runaway_ratio: Number = Field(3.0, gt=1)
     turn_truncation_share: Number = Field(0.3, ge=0, le=1)
+    turn_limit_share: Number = Field(0.3, ge=0, le=1)
     tool_error_max: Number = Field(0.5, ge=0, le=1)
     tool_error_rise: Number = Field(0.25, ge=0, le=1)
     repeated_call_share: Number = Field(0.3, ge=0, le=1)

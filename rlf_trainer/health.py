@@ -51,6 +51,8 @@ HINTS: dict[str, str] = {
     "length_runaway": "lower rollout.max_new_tokens, check that the model ends its turns, "
     "or penalise overlong answers in the reward",
     "turn_truncation": "raise rollout.max_new_tokens: turns are cut before they end",
+    "turn_limit": "read the samples: the policy keeps calling tools instead of answering; raise "
+    "rollout.max_turns if the task needs more calls, or make the reward pay only answered episodes",
     "tool_call_errors": "lower optim.lr or raise algorithm.beta (KL to the reference); check that "
     "env.kwargs.parser matches the model's tool-call format",
     "repeated_tool_calls": "lower rollout.max_turns, or make the reward stop paying for repeated calls",
@@ -243,6 +245,16 @@ class HealthMonitor:
         if held is None:
             return None
         return f"{held[-1]:.0%} of turns were cut at rollout.max_new_tokens for {len(held)} steps"
+
+    def _turn_limit(self, m: dict[str, float]) -> str | None:
+        held = self._held("finish/max_turns", lambda v: v > self.config.turn_limit_share)
+        if held is None:
+            return None
+        trend = ", ".join(f"{v:.0%}" for v in held)
+        return (
+            f"{held[-1]:.0%} of episodes reached rollout.max_turns without a final answer "
+            f"for {len(held)} steps ({trend})"
+        )
 
     def _tool_call_errors(self, m: dict[str, float]) -> str | None:
         base = self._baseline("tool_errors/invalid")

@@ -57,6 +57,7 @@ PATHOLOGIES: dict[str, tuple[list[dict[str, float]], int]] = {
     "length_collapse": (stream(3) + stream(4, response_length=4.0), 6),
     "length_runaway": (stream(3) + stream(4, response_length=300.0), 6),
     "turn_truncation": (stream(4, truncated_turns=0.9), 3),
+    "turn_limit": (stream(4, **{"finish/max_turns": 0.4, "finish/answer": 0.6}), 3),
     "tool_call_errors": (stream(3, **{"tool_errors/bad_json": 0.05}) + stream(4, **{"tool_errors/bad_json": 0.4, "tool_errors/unknown_tool": 0.2}), 6),
     "repeated_tool_calls": (stream(4, repeated_tool_calls=0.5), 3),
     "reward_vs_goal": (

@@ -89,7 +89,8 @@ def targets(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def summarise(out: Path) -> dict[str, Any]:
-    runs = sorted(out.glob("seed[0-9]*"), key=lambda p: int(p.name.removeprefix("seed")))
+    runs = [p for p in out.glob("seed*") if p.is_dir() and p.name.removeprefix("seed").isdigit()]
+    runs.sort(key=lambda p: int(p.name.removeprefix("seed")))
     summary: dict[str, Any] = {"seeds": [run.name.removeprefix("seed") for run in runs]}
     per_seed = []
     for run in runs:
@@ -115,7 +116,12 @@ def table(summary: dict[str, Any]) -> str:
         for key, _ in cols:
             stats = summary[stage]["mean_std"].get(key)
             per = ", ".join("-" if v is None else f"{v:.3f}" for v in summary[stage].get(key, []))
-            cells.append("not run" if stats is None else f"{stats['mean']:.3f} +- {stats['std']:.3f} ({per})")
+            if stats is None:
+                cells.append("not run")
+            elif stats["seeds"] < 2:  # no spread from one seed
+                cells.append(f"{stats['mean']:.3f} (1 seed: {per})")
+            else:
+                cells.append(f"{stats['mean']:.3f} +- {stats['std']:.3f} ({per})")
         lines.append(f"| {names[stage]} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -156,11 +162,14 @@ def copy_runs(out: Path, docs: Path, summary: dict[str, Any]) -> None:
     """Each seed's metrics and base eval into docs/learning_runs (the files docs/learning.md cites)."""
     for seed in summary["seeds"]:
         run = out / f"seed{seed}"
-        for source, name in ((run / "base_eval.json", "base_eval.json"),
-                             (run / "sft" / "metrics.jsonl", "sft_metrics.jsonl"),
-                             (run / "grpo" / "metrics.jsonl", "grpo_metrics.jsonl")):  # fmt: skip
-            if source.exists():
-                shutil.copyfile(source, docs / f"deepsearch_seed{seed}_{name}")
+        if (run / "base_eval.json").exists():
+            shutil.copyfile(run / "base_eval.json", docs / f"deepsearch_seed{seed}_base_eval.json")
+        for stage in ("sft", "grpo"):
+            metrics = run / stage / "metrics.jsonl"
+            # a stage that never reached a checkpoint is rerun from its start: nothing of it to keep
+            kept = any((run / stage / "checkpoints").glob("step_*")) or (run / stage / "model").is_dir()
+            if metrics.exists() and kept:
+                shutil.copyfile(metrics, docs / f"deepsearch_seed{seed}_{stage}_metrics.jsonl")
     for name in ("deepsearch_summary.json", "deepsearch_curves.png"):
         shutil.copyfile(out / name, docs / name)
 

@@ -57,5 +57,9 @@ def test_summary_weights_multihop_by_episodes_and_checks_targets_on_complete_see
     text = report.table(summary)
     # EM over all 60: (0.9*10 + 0.5*20 + 0.2*30) / 60 = 0.417 and 0.300
     assert "| after GRPO | 0.358 +- " in text and "(0.900, 0.700, -)" in text
+    single = tmp_path / "single"
+    write_seed(single, 4, sft=(0.9, 0.0, 0.0), grpo=None)
+    text = report.table(report.summarise(single))  # one seed has no spread to show
+    assert "| after SFT | 0.150 (1 seed: 0.150) |" in text and "| after GRPO | not run |" in text
     report.plot(tmp_path, summary, tmp_path / "curves.png")
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

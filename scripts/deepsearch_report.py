@@ -7,8 +7,8 @@ Reads ``OUT/seed*/`` as ``scripts/learning_runs.sh deepsearch SEED`` leaves it (
   list per figure with a value per seed (``em`` over every sampled test question, ``em_multihop``
   over the 2- and 3-hop ones, per-hop EM, searches per episode, tool error rate), plus their mean
   and sample std (ddof 1) and the issue's three targets checked;
-- ``OUT/deepsearch_curves.png``: per seed, GRPO train reward and searches per episode per step, and
-  per-hop EM of the greedy evals (base, after SFT, after GRPO);
+- ``OUT/deepsearch_curves.png``: per seed, GRPO train reward, searches per episode and answered
+  share per step, and per-hop EM of the greedy evals (base, after SFT, after GRPO);
 - the markdown table of docs/learning.md on stdout.
 
 A stage whose eval has not run yet is left out (``null`` in the lists).
@@ -132,24 +132,27 @@ def plot(out: Path, summary: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4), dpi=100)
+    fig, axes = plt.subplots(1, 4, figsize=(19, 4), dpi=100)
     for seed in summary["seeds"]:
         rows = [r for r in read_jsonl(out / f"seed{seed}" / "grpo" / "metrics.jsonl") if "reward/mean" in r]
         steps = [r["step"] for r in rows]
         axes[0].plot(steps, [r["reward/mean"] for r in rows], marker="o", markersize=3, label=f"seed {seed}")
         axes[1].plot(steps, [r["tool_calls_per_episode"] for r in rows], marker="o", markersize=3,
                      label=f"seed {seed}")  # fmt: skip
+        axes[2].plot(steps, [r.get("answered_rate", 0.0) for r in rows], marker="o", markersize=3,
+                     label=f"seed {seed}")  # fmt: skip
     axes[0].set(title="GRPO train reward (2-3 hop questions, T=1)", xlabel="GRPO step", ylabel="mean of 16 episodes")
     axes[1].set(title="GRPO searches per episode", xlabel="GRPO step")
+    axes[2].set(title="GRPO answered share (not at the turn limit)", xlabel="GRPO step", ylim=(-0.03, 1.03))
     styles = ["-", "--", ":", "-."]
     for i, seed in enumerate(summary["seeds"]):
         for hop, colour in zip(HOPS, ("tab:blue", "tab:orange", "tab:green"), strict=True):
             values = [summary[stage][f"em_hops{hop}"][i] for stage in STAGES]
             xs = [x for x, v in enumerate(values) if v is not None]
-            axes[2].plot(xs, [values[x] for x in xs], styles[i % 4], color=colour, marker="o",
+            axes[3].plot(xs, [values[x] for x in xs], styles[i % 4], color=colour, marker="o",
                          label=f"{hop}-hop, seed {seed}")  # fmt: skip
-    axes[2].set(title="greedy EM on the test sample, per hop count", ylabel="EM", ylim=(-0.03, 1.03))
-    axes[2].set_xticks(range(len(STAGES)), ["base", "after SFT", "after GRPO"])
+    axes[3].set(title="greedy EM on the test sample, per hop count", ylabel="EM", ylim=(-0.03, 1.03))
+    axes[3].set_xticks(range(len(STAGES)), ["base", "after SFT", "after GRPO"])
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)

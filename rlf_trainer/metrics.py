@@ -173,11 +173,7 @@ class MetricsHistory:
         return [p[0] for p in points], [p[1] for p in points]
 
     def write_jsonl(self, path: str | os.PathLike[str]) -> None:
-        tmp = Path(f"{path}.tmp")
-        with tmp.open("w", encoding="utf-8") as f:
-            for record in self.records:
-                f.write(json.dumps(record) + "\n")
-        os.replace(tmp, path)
+        write_lines_atomically(path, [json.dumps(record) for record in self.records])
 
 
 def plot_learning_curve(history: MetricsHistory, path: str | os.PathLike[str], title: str = "") -> Path:
@@ -268,10 +264,15 @@ def drop_records_after(path: str | os.PathLike[str], step: int) -> int:
     lines = path.read_text(encoding="utf-8").splitlines()
     kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
     if len(kept) < len(lines):
-        tmp = Path(f"{path}.tmp")
-        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-        os.replace(tmp, path)
+        write_lines_atomically(path, kept)
     return len(lines) - len(kept)
+
+
+def write_lines_atomically(path: str | os.PathLike[str], lines: list[str]) -> None:
+    """``path`` holds ``lines`` afterwards, one a line; a reader sees the old file or the new one, never half."""
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _jsonable(value: Any) -> Any:

@@ -149,7 +149,9 @@ def make_policy(config: Config, accelerator: Any, model: Any, tokenizer: Any, mo
     if cfg.policy.backend == "hf":
         from rlf_trainer.policy.hf import HFPolicy
 
-        return HFPolicy(accelerator.unwrap_model(model), tokenizer)
+        return HFPolicy(
+            accelerator.unwrap_model(model), tokenizer, prefix_cache_tokens=cfg.policy.hf_prefix_cache_tokens
+        )
     from rlf_trainer.policy.vllm import VLLMPolicy
 
     v = cfg.policy.vllm

@@ -197,9 +197,13 @@ class VLLMConfig(Section):
 
 
 class PolicyConfig(Section):
-    """Who generates: ``hf`` (transformers, shares the training module) or ``vllm`` (colocated engine)."""
+    """Who generates: ``hf`` (transformers, shares the training module) or ``vllm`` (colocated engine).
+
+    ``hf_prefix_cache_tokens``: the HF policy keeps key/value states of up to that many tokens
+    between turns, so each turn computes only its new tokens (0: re-read every prompt)."""
 
     backend: Literal["hf", "vllm"] = "hf"
+    hf_prefix_cache_tokens: int = Field(32768, ge=0)
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
 
 

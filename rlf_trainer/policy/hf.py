@@ -27,6 +27,7 @@ from rlf_trainer.policy.base import (
     inference_state_dict,
     stop_ids_for,
 )
+from rlf_trainer.policy.prefix_cache import PrefixKVStore, build_prefix_batch, supports_prefix_cache
 from rlf_trainer.seeds import batch_seed
 
 if TYPE_CHECKING:
@@ -53,14 +54,25 @@ class HFPolicy:
     ``model`` may be the module being trained (weights are shared). It is switched to eval mode for
     the call (no dropout while sampling) and restored afterwards. ``max_batch_size`` splits a large
     batch into sequential chunks to bound memory; results are identical up to sampling randomness.
+
+    ``prefix_cache_tokens``: key/value states of up to that many tokens are kept between calls, so a
+    multi-turn rollout's next turn computes only its new tokens (:mod:`~rlf_trainer.policy.prefix_cache`;
+    0 turns it off, and models with sliding-window layers never use it).
     """
 
     def __init__(
-        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, max_batch_size: int | None = None
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        max_batch_size: int | None = None,
+        prefix_cache_tokens: int = 32768,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
+        use_store = prefix_cache_tokens > 0 and supports_prefix_cache(model)
+        self.prefix_cache = PrefixKVStore(model, prefix_cache_tokens) if use_store else None
 
     @property
     def device(self) -> torch.device:
@@ -96,10 +108,16 @@ class HFPolicy:
         self, prompts: list[list[int]], params: SamplingParams, stop_ids: list[int]
     ) -> list[Completion]:
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else stop_ids[0]
-        input_ids, attention_mask = _left_pad(prompts, pad_id, self.device)
+        store = self.prefix_cache
+        if store is not None:
+            batch = build_prefix_batch(prompts, store.lookup(prompts), pad_id, self.device, self.model.config)
+            input_ids, attention_mask = batch.input_ids, batch.attention_mask
+        else:
+            input_ids, attention_mask = _left_pad(prompts, pad_id, self.device)
         out = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,
+            past_key_values=batch.past if store is not None else None,
             generation_config=_generation_config(params, stop_ids, pad_id),
         )
         new_tokens = out.sequences[:, input_ids.shape[1] :]
@@ -110,10 +128,13 @@ class HFPolicy:
             ],
             dim=1,
         )
-        return [
+        completions = [
             self._completion(row_ids, row_logprobs, stop_ids)
             for row_ids, row_logprobs in zip(new_tokens.tolist(), logprobs.tolist(), strict=True)
         ]
+        if store is not None:
+            store.remember(batch, prompts, [c.token_ids for c in completions], out.past_key_values)
+        return completions
 
     def _completion(self, token_ids: list[int], logprobs: list[float], stop_ids: list[int]) -> Completion:
         stops = set(stop_ids)
@@ -144,19 +165,25 @@ class HFPolicy:
         Shared means the same module, possibly behind DDP/accelerate wrappers or a PEFT wrapper
         (LoRA layers are injected into the base model in place, so it generates with them).
         """
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
         if _core_module(model) is _core_module(self.model):
             return
         with torch.no_grad():
             self.model.load_state_dict(inference_state_dict(model), strict=True)
 
     def sleep(self) -> None:
-        """Nothing to free: the policy is the training module."""
+        """Free the stored prefix states (training is about to change the weights they belong to)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
 
     def wake_up(self) -> None:
         """Nothing to restore."""
 
     def close(self) -> None:
-        """Nothing to release: the model belongs to the caller."""
+        """Release the stored prefix states; the model belongs to the caller."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
 
 
 def _core_module(model: torch.nn.Module) -> torch.nn.Module:

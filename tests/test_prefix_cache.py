@@ -98,3 +98,18 @@ def test_the_store_keeps_its_token_budget(tiny_model, tiny_tokenizer):
     assert 0 < store._stored_tokens <= 100  # each entry is longer than 100 / 6: most were evicted
     policy.sleep()
     assert store._stored_tokens == 0
+
+
+def test_one_row_without_pads_continues_from_its_stored_turn(tiny_model, tiny_tokenizer):
+    """No pad at all: generate drops the all-ones mask, and must still skip the stored columns."""
+    params = SamplingParams(max_new_tokens=6, temperature=0.0)
+    cached = HFPolicy(tiny_model, tiny_tokenizer)
+    plain = HFPolicy(tiny_model, tiny_tokenizer, prefix_cache_tokens=0)
+    sequence = _first_prompts(tiny_tokenizer)[:1][0]
+    for turn in range(3):
+        [a] = cached.generate([sequence], params)
+        [b] = plain.generate([sequence], params)
+        assert a.token_ids == b.token_ids
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+        sequence = sequence + a.token_ids + tiny_tokenizer.encode(f"<tool_response>{turn}</tool_response>")
+    assert cached.prefix_cache.reused_tokens > 0

@@ -27,7 +27,12 @@ from rlf_trainer.policy.base import (
     inference_state_dict,
     stop_ids_for,
 )
-from rlf_trainer.policy.prefix_cache import PrefixKVStore, build_prefix_batch, supports_prefix_cache
+from rlf_trainer.policy.prefix_cache import (
+    PrefixKVStore,
+    PrefixMatch,
+    build_prefix_batch,
+    supports_prefix_cache,
+)
 from rlf_trainer.seeds import batch_seed
 
 if TYPE_CHECKING:
@@ -109,18 +114,16 @@ class HFPolicy:
     ) -> list[Completion]:
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else stop_ids[0]
         store = self.prefix_cache
-        if store is not None:
-            batch = build_prefix_batch(prompts, store.lookup(prompts), pad_id, self.device, self.model.config)
-            input_ids, attention_mask = batch.input_ids, batch.attention_mask
-        else:
-            input_ids, attention_mask = _left_pad(prompts, pad_id, self.device)
+        # Without stored states every row is [pad][prompt]: plain left padding.
+        matches = store.lookup(prompts) if store is not None else [PrefixMatch()] * len(prompts)
+        batch = build_prefix_batch(prompts, matches, pad_id, self.device, self.model.config)
         out = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            past_key_values=batch.past if store is not None else None,
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            past_key_values=batch.past,
             generation_config=_generation_config(params, stop_ids, pad_id),
         )
-        new_tokens = out.sequences[:, input_ids.shape[1] :]
+        new_tokens = out.sequences[:, batch.input_ids.shape[1] :]
         logprobs = torch.stack(
             [
                 torch.log_softmax(step_logits.float(), dim=-1).gather(1, new_tokens[:, t : t + 1]).squeeze(1)
@@ -191,18 +194,6 @@ def _core_module(model: torch.nn.Module) -> torch.nn.Module:
         model = model.module
     get_base_model = getattr(model, "get_base_model", None)  # PEFT
     return get_base_model() if callable(get_base_model) else model
-
-
-def _left_pad(
-    prompts: list[list[int]], pad_id: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(p) for p in prompts)
-    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-        attention_mask[row, width - len(prompt) :] = 1
-    return input_ids.to(device), attention_mask.to(device)
 
 
 def _generation_config(params: SamplingParams, stop_ids: list[int], pad_id: int) -> Any:

@@ -5,6 +5,8 @@
 #
 #   scripts/learning_runs.sh deepsearch SEED [overrides for both trainer stages]
 #   OUT=/tmp/ds scripts/learning_runs.sh deepsearch 0
+#   GRPO_NAME=grpo_allhops GRPO_OVERRIDES='env.kwargs.train_hops=[1,2,3]' scripts/learning_runs.sh deepsearch 0
+#       # a GRPO variant from the same SFT model, in its own run folder (overrides for GRPO only)
 #
 # Writes $OUT/seed$SEED/{sft_data.jsonl, base_eval.json, sft/, grpo/, summary.json} and, over every
 # seed present, $OUT/deepsearch_summary.json and deepsearch_curves.png (scripts/deepsearch_report.py;
@@ -17,6 +19,8 @@ OUT=${OUT:-runs/deepsearch}
 RUN="$OUT/seed$SEED"
 SFT_CONFIG=${SFT_CONFIG:-examples/configs/deepsearch_smollm2_sft_cpu.yaml}
 GRPO_CONFIG=${GRPO_CONFIG:-examples/configs/deepsearch_smollm2_grpo_cpu.yaml}
+GRPO_NAME=${GRPO_NAME:-grpo}
+read -r -a GRPO_EXTRA <<< "${GRPO_OVERRIDES:-}"
 ONE_HOP=${ONE_HOP:-120}
 TWO_HOP=${TWO_HOP:-24}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
@@ -47,10 +51,10 @@ if [[ ! -f "$RUN/sft/model/config.json" ]]; then
     logging.dir="$RUN" logging.run_name=sft "$@" 2>&1 | tee -a "$RUN/sft.log"
 fi
 
-if [[ ! -f "$RUN/grpo/model/config.json" ]]; then
-  stamp "GRPO on 2-3 hop train questions"
+if [[ ! -f "$RUN/$GRPO_NAME/model/config.json" ]]; then
+  stamp "GRPO ($GRPO_NAME${GRPO_OVERRIDES:+: $GRPO_OVERRIDES})"
   python -m rlf_trainer.cli --config "$GRPO_CONFIG" seed="$SEED" model.path="$RUN/sft/model" \
-    logging.dir="$RUN" logging.run_name=grpo "$@" 2>&1 | tee -a "$RUN/grpo.log"
+    logging.dir="$RUN" logging.run_name="$GRPO_NAME" "${GRPO_EXTRA[@]}" "$@" 2>&1 | tee -a "$RUN/$GRPO_NAME.log"
 fi
 
 stamp "summary -> $OUT/deepsearch_summary.json, $OUT/deepsearch_curves.png"

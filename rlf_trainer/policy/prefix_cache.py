@@ -29,18 +29,14 @@ Example (a tiny random model: the second call reuses the first call's prompt and
 
 from __future__ import annotations
 
-import logging
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-logger = logging.getLogger(__name__)
-
-LayerStates = list[
-    tuple[torch.Tensor, torch.Tensor]
-]  # per layer: keys, values of shape (heads, tokens, head_dim)
+# per layer: keys, values of shape (heads, tokens, head_dim)
+LayerStates = list[tuple[torch.Tensor, torch.Tensor]]
 MIN_SHARED_PREFIX = 32  # shorter common prefixes are not worth a separate forward pass
 
 
@@ -60,7 +56,7 @@ class PrefixBatch:
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     past: Any
-    matches: list[PrefixMatch] = field(default_factory=list)
+    matches: list[PrefixMatch]
 
 
 class PrefixKVStore:
@@ -75,7 +71,7 @@ class PrefixKVStore:
         self.max_tokens = max_tokens
         self._entries: OrderedDict[tuple[int, ...], LayerStates] = OrderedDict()
         self._stored_tokens = 0
-        self._weights_version: int | None = None
+        self._weights_version = _weights_version(model)
         self.reused_tokens = 0
         self.prefilled_tokens = 0
 
@@ -87,7 +83,6 @@ class PrefixKVStore:
 
     def add(self, tokens: list[int], states: LayerStates) -> None:
         """Store ``states`` for ``tokens``, evicting the least recently used beyond ``max_tokens``."""
-        self._drop_if_weights_changed()
         key = tuple(tokens)
         if not key or len(key) > self.max_tokens:
             return
@@ -155,7 +150,7 @@ class PrefixKVStore:
         return [(layer.keys[0], layer.values[0]) for layer in out.past_key_values.layers]
 
     def _drop_if_weights_changed(self) -> None:
-        version = sum(p._version for p in self.model.parameters())
+        version = _weights_version(self.model)
         if version != self._weights_version:
             self.clear()
             self._weights_version = version
@@ -216,6 +211,11 @@ def _common_prefix(sequences: list[list[int]]) -> list[int]:
         if any(s[end] != first[end] for s in sequences[1:]):
             return first[:end]
     return first[:length]
+
+
+def _weights_version(model: Any) -> int:
+    """Moves with every in-place change of any parameter (optimizer steps, ``load_state_dict``)."""
+    return sum(p._version for p in model.parameters())
 
 
 def _device(model: Any) -> torch.device:

@@ -13,7 +13,8 @@
    rolled out (``algorithm.max_refill_rounds``) until the batch is full.
 3. :func:`update`: ``algorithm.num_iterations`` passes over the kept episodes, each pass
    ``algorithm.mini_batches`` optimizer steps, each step ``optim.gradient_accumulation_steps``
-   micro-batches. pi_old is frozen before the first pass (:func:`frozen_old_logprobs`). Each
+   micro-batches. Episodes whose advantages are all 0 count in the denominators but are not
+   forwarded (:func:`with_signal`). pi_old is frozen before the first pass (:func:`frozen_old_logprobs`). Each
    micro-batch runs :func:`micro_batch_loss`: :func:`~rlf_trainer.losses.loss_terms` per token,
    then :func:`~rlf_trainer.losses.aggregate` with the normaliser of its optimizer step, counted
    once over every micro-batch of every process (:func:`step_normalisers`), so the micro-batch
@@ -205,6 +206,16 @@ def samples_with_trained_model(parts: StepParts) -> bool:
     return getattr(parts.policy, "model", None) is parts.accelerator.unwrap_model(parts.model)
 
 
+def with_signal(parts: StepParts, advantages: torch.Tensor, rows: np.ndarray) -> np.ndarray:
+    """Which of ``rows`` add to the gradient: those with a non-zero advantage on some token, or
+    all of them when a KL penalty (``beta > 0``) pulls every episode. Early in a run most groups
+    have all-equal rewards; not forwarding their episodes changes no weight and saves their
+    forward and backward passes."""
+    if parts.config.algorithm.beta > 0 or not len(rows):
+        return np.ones(len(rows), dtype=bool)
+    return (advantages[torch.as_tensor(rows)] != 0).any(dim=1).numpy()
+
+
 def step_normalisers(parts: StepParts, batch: RolloutBatch, minis: list[np.ndarray]) -> list[Normaliser]:
     """Sequences and trained tokens of each optimizer step, summed over all processes (one reduce)."""
     acc = parts.accelerator
@@ -242,18 +253,25 @@ def optimizer_step(
     rows: np.ndarray,
     old_logp: torch.Tensor | None,
     norm: Normaliser,
+    signal_norm: Normaliser,
 ) -> tuple[dict[str, float], float | None]:
-    """``gradient_accumulation_steps`` micro-batches of ``rows``, then one clipped optimizer step."""
+    """``gradient_accumulation_steps`` micro-batches of ``rows``, then one clipped optimizer step.
+
+    ``norm`` holds the loss denominators of the step; ``signal_norm`` those of the episodes
+    actually forwarded (``rows``, over every process), which weigh the metrics.
+    """
     acc, cfg = parts.accelerator, parts.config
     steps = acc.gradient_accumulation_steps
     sums: dict[str, float] = defaultdict(float)
     grad_norm: float | None = None
     for micro_rows in np.array_split(rows, steps):
         # Every process runs the same number of forward/backward passes (collectives stay in step);
-        # a process with nothing left runs one row whose loss counts 0.
+        # a process with nothing left runs the first 2 tokens of a row, with a loss that counts 0
+        # (the optimizer still steps on the zero gradient, as it would on a batch without signal).
         dummy = len(micro_rows) == 0
         picked = [0] if dummy else micro_rows.tolist()
-        micro = batch.select(picked).to(acc.device)
+        micro = batch.select(picked)
+        micro = (micro.first_tokens(2) if dummy else micro).to(acc.device)
         adv = advantages[picked, : micro.input_ids.shape[1]].to(acc.device)
         old = None if old_logp is None else old_logp[picked, : micro.input_ids.shape[1] - 1].to(acc.device)
         with acc.accumulate(parts.model):
@@ -269,7 +287,7 @@ def optimizer_step(
             parts.optimizer.zero_grad(set_to_none=True)
         if not dummy:
             for key, value in micro_metrics.items():
-                sums[key] += value * metric_weight(key, micro, norm, acc.num_processes, cfg.algorithm.loss)
+                sums[key] += value * metric_weight(key, micro, signal_norm, acc.num_processes, cfg.algorithm.loss)
     if not acc.sync_gradients:
         raise RuntimeError(
             "gradient accumulation went out of step with the micro-batches: an optimizer step must "
@@ -291,17 +309,21 @@ def update(
     if float(kept_total) == 0.0:  # no process has an episode with signal: nothing to learn this step
         return {"skipped_update": 1.0, "lr": parts.scheduler.get_last_lr()[0]}
     minis = np.array_split(np.array(keep, dtype=np.int64), algo.mini_batches)
-    norms = step_normalisers(parts, batch, minis)
-    old_logp = frozen_old_logprobs(parts, batch, keep)
+    norms = step_normalisers(parts, batch, minis)  # the loss denominators count every kept episode
+    # ... but only episodes with signal are forwarded: the others add exactly 0 to the gradient.
+    minis = [rows[with_signal(parts, advantages, rows)] for rows in minis]
+    signal_norms = step_normalisers(parts, batch, minis)  # the denominators of the metrics
+    old_logp = frozen_old_logprobs(parts, batch, np.concatenate(minis).tolist())
     parts.model.train()
     sums: dict[str, float] = defaultdict(float)
     grad_norm: float | None = None
     for _ in range(algo.num_iterations):
-        for rows, norm in zip(minis, norms, strict=True):
-            metrics, grad_norm = optimizer_step(parts, batch, advantages, rows, old_logp, norm)
+        for rows, norm, signal_norm in zip(minis, norms, signal_norms, strict=True):
+            metrics, grad_norm = optimizer_step(parts, batch, advantages, rows, old_logp, norm, signal_norm)
             for key, value in metrics.items():
                 sums[key] += value / (algo.num_iterations * algo.mini_batches)
     out = dict(sums) | {"lr": parts.scheduler.get_last_lr()[0]}
+    out["trained_share"] = sum(n.sequences for n in signal_norms) / max(sum(n.sequences for n in norms), 1.0)
     parts.scheduler.step()
     if grad_norm is not None:
         out["grad_norm"] = grad_norm

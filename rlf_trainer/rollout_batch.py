@@ -66,6 +66,18 @@ class RolloutBatch:
             turn_rewards=[self.turn_rewards[i] for i in picked] if self.turn_rewards else [],
         )
 
+    def first_tokens(self, width: int) -> RolloutBatch:
+        """Every episode cut to its first ``width`` columns (a stand-in for a pass that must run
+        but trains nothing); per-episode fields are kept as they are."""
+        cut = min(width, int(self.input_ids.shape[1]))
+        return dataclasses.replace(
+            self,
+            input_ids=self.input_ids[:, :cut],
+            attention_mask=self.attention_mask[:, :cut],
+            loss_mask=self.loss_mask[:, :cut],
+            old_logprobs=self.old_logprobs[:, :cut],
+        )
+
     @staticmethod
     def concat(batches: Sequence[RolloutBatch], pad_id: int) -> RolloutBatch:
         """One batch of every episode of ``batches`` (right-padded with ``pad_id``; timings summed)."""

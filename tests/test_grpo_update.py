@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from accelerate import Accelerator
@@ -30,8 +31,10 @@ class BiasOnlyLM(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.bias = torch.nn.Parameter(torch.zeros(2))
+        self.seen: list[tuple[int, ...]] = []  # input shape of every forward pass
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, use_cache: bool = False):
+        self.seen.append(tuple(input_ids.shape))
         return SimpleNamespace(logits=self.bias.expand(*input_ids.shape, 2))
 
 
@@ -39,7 +42,10 @@ def sigmoid(x: float) -> float:
     return 1.0 / (1.0 + math.exp(-x))
 
 
-def run_update(lr: float, **algorithm: object) -> tuple[torch.Tensor, dict[str, float]]:
+def run_update(
+    lr: float, advantages: tuple[float, float] = ADVANTAGES, **algorithm: object
+) -> tuple[torch.Tensor, dict[str, float], BiasOnlyLM, int]:
+    """The bias after ``update``, its metrics, the model (its forward shapes) and the optimizer steps."""
     config = from_dict(
         {
             "model": {"path": "unused"},
@@ -50,6 +56,8 @@ def run_update(lr: float, **algorithm: object) -> tuple[torch.Tensor, dict[str, 
     accelerator = Accelerator(cpu=True)
     model = BiasOnlyLM()
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    optimizer_steps: list[int] = []
+    optimizer.register_step_post_hook(lambda *_: optimizer_steps.append(1))
     model, optimizer = accelerator.prepare(model, optimizer)
     parts = StepParts(
         config=config,
@@ -73,9 +81,10 @@ def run_update(lr: float, **algorithm: object) -> tuple[torch.Tensor, dict[str, 
         transcripts=[[], []],
         timings={},
     )
-    advantages = torch.tensor([[0.0, ADVANTAGES[0]], [0.0, ADVANTAGES[1]]])
-    metrics = update(parts, batch, advantages, keep=[0, 1])
-    return accelerator.unwrap_model(model).bias.detach().clone(), metrics
+    per_token = torch.tensor([[0.0, advantages[0]], [0.0, advantages[1]]])
+    metrics = update(parts, batch, per_token, keep=[0, 1])
+    inner = accelerator.unwrap_model(model)
+    return inner.bias.detach().clone(), metrics, inner, len(optimizer_steps)
 
 
 def k3(ratio: float) -> float:
@@ -95,7 +104,7 @@ def test_two_iterations_freeze_pi_old_and_clip_on_the_second():
     grad_b0 = -a1 * r1 * (0 - p0) / 2
     b2 = b1 - lr * grad_b0
 
-    bias, metrics = run_update(lr, num_iterations=2)
+    bias, metrics, _, _ = run_update(lr, num_iterations=2)
 
     assert bias.tolist() == pytest.approx([b2, -b2], abs=1e-5)
     assert metrics["clip_fraction"] == pytest.approx((0.0 + 0.5) / 2, abs=1e-6)
@@ -111,7 +120,7 @@ def test_two_mini_batches_are_two_optimizer_steps_on_their_own_slices():
     r1 = (1 - p0) / 0.5  # step 2: episode 1 against pi_old frozen before step 1
     b2 = b1 - lr * -a1 * r1 * (0 - p0)
 
-    bias, metrics = run_update(lr, mini_batches=2)
+    bias, metrics, _, _ = run_update(lr, mini_batches=2)
 
     assert bias.tolist() == pytest.approx([b2, -b2], abs=1e-5)
     assert metrics["clip_fraction"] == 0.0
@@ -123,7 +132,40 @@ def test_one_pass_logs_no_constant_ratio_metrics_and_takes_one_step():
     lr = 2.0
     b1 = -lr * -(a0 * 0.5 + a1 * -0.5) / 2
 
-    bias, metrics = run_update(lr)
+    bias, metrics, _, _ = run_update(lr)
 
     assert bias.tolist() == pytest.approx([b1, -b1], abs=1e-6)
     assert not {"clip_fraction", "ratio_mean", "approx_kl_old", "loss"} & set(metrics)
+
+
+def test_an_episode_without_advantage_is_not_forwarded_but_counts_in_the_normaliser():
+    a0 = ADVANTAGES[0]
+    lr = 2.0
+    b1 = -lr * -(a0 * 0.5) / 2  # the same step as with episode 1 forwarded: it adds 0 over 2 sequences
+
+    bias, metrics, model, steps = run_update(lr, advantages=(a0, 0.0))
+
+    assert bias.tolist() == pytest.approx([b1, -b1], abs=1e-6)
+    assert model.seen == [(1, 2)]  # episode 0 alone
+    assert metrics["trained_share"] == 0.5
+    assert steps == 1
+
+
+def test_a_batch_without_signal_forwards_stand_ins_and_still_steps_the_optimizer():
+    bias, metrics, model, steps = run_update(2.0, advantages=(0.0, 0.0), num_iterations=2)
+
+    assert bias.tolist() == [0.0, 0.0]
+    assert model.seen == [(1, 2), (1, 2)]  # one 2-token stand-in per optimizer step
+    assert metrics["trained_share"] == 0.0
+    assert steps == 2  # momentum-carrying optimizers move as they did on a zero gradient
+
+
+def test_a_kl_penalty_forwards_every_episode():
+    from rlf_trainer.grpo import with_signal
+
+    parts = SimpleNamespace(config=from_dict({"model": {"path": "unused"}, "algorithm": {"beta": 0.1}}))
+    rows = np.array([0, 1])
+    zero = torch.zeros(2, 3)
+    assert with_signal(parts, zero, rows).tolist() == [True, True]  # type: ignore[arg-type]
+    parts.config.algorithm.beta = 0.0
+    assert with_signal(parts, zero, rows).tolist() == [False, False]  # type: ignore[arg-type]

@@ -1,7 +1,8 @@
 """The DeepSearch recipe's figures over every seed run so far (docs/learning.md, issue 22).
 
 Reads ``OUT/seed*/`` as ``scripts/learning_runs.sh deepsearch SEED`` leaves it (``base_eval.json``,
-``sft/metrics.jsonl``, ``grpo/metrics.jsonl``) and writes:
+``sft/metrics.jsonl``, ``grpo/metrics.jsonl``; ``--grpo-run NAME`` reads a GRPO variant's folder
+``NAME/`` instead, as ``GRPO_NAME=NAME`` writes it) and writes:
 
 - ``OUT/seed*/summary.json`` and ``OUT/deepsearch_summary.json``: per stage (base, sft, grpo) one
   list per figure with a value per seed (``em`` over every sampled test question, ``em_multihop``
@@ -13,7 +14,7 @@ Reads ``OUT/seed*/`` as ``scripts/learning_runs.sh deepsearch SEED`` leaves it (
 
 A stage whose eval has not run yet is left out (``null`` in the lists).
 
-    python scripts/deepsearch_report.py runs/deepsearch [--copy-to docs/learning_runs]
+    python scripts/deepsearch_report.py runs/deepsearch [--grpo-run grpo] [--copy-to docs/learning_runs]
 """
 
 from __future__ import annotations
@@ -33,11 +34,12 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def last_eval(run: Path, stage: str) -> dict[str, float]:
-    if stage == "base":
+def last_eval(run: Path, folder: str) -> dict[str, float]:
+    """The last eval of the stage run in ``run/folder`` (``base``: ``run/base_eval.json``)."""
+    if folder == "base":
         path = run / "base_eval.json"
         return json.loads(path.read_text()) if path.exists() else {}
-    evals = [r for r in read_jsonl(run / stage / "metrics.jsonl") if "eval/accuracy" in r]
+    evals = [r for r in read_jsonl(run / folder / "metrics.jsonl") if "eval/accuracy" in r]
     return evals[-1] if evals else {}
 
 
@@ -88,13 +90,14 @@ def targets(summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def summarise(out: Path) -> dict[str, Any]:
+def summarise(out: Path, grpo_run: str = "grpo") -> dict[str, Any]:
     runs = [p for p in out.glob("seed*") if p.is_dir() and p.name.removeprefix("seed").isdigit()]
     runs.sort(key=lambda p: int(p.name.removeprefix("seed")))
-    summary: dict[str, Any] = {"seeds": [run.name.removeprefix("seed") for run in runs]}
+    summary: dict[str, Any] = {"seeds": [run.name.removeprefix("seed") for run in runs], "grpo_run": grpo_run}
+    folders = {"base": "base", "sft": "sft", "grpo": grpo_run}
     per_seed = []
     for run in runs:
-        figures = {stage: stage_figures(last_eval(run, stage)) for stage in STAGES}
+        figures = {stage: stage_figures(last_eval(run, folders[stage])) for stage in STAGES}
         (run / "summary.json").write_text(json.dumps(figures, indent=1))
         per_seed.append(figures)
     keys = sorted({k for figures in per_seed for stage in figures.values() for k in stage})
@@ -134,14 +137,14 @@ def plot(out: Path, summary: dict[str, Any], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 4, figsize=(19, 4), dpi=100)
     for seed in summary["seeds"]:
-        rows = [r for r in read_jsonl(out / f"seed{seed}" / "grpo" / "metrics.jsonl") if "reward/mean" in r]
+        rows = [r for r in read_jsonl(out / f"seed{seed}" / summary["grpo_run"] / "metrics.jsonl") if "reward/mean" in r]
         steps = [r["step"] for r in rows]
         axes[0].plot(steps, [r["reward/mean"] for r in rows], marker="o", markersize=3, label=f"seed {seed}")
         axes[1].plot(steps, [r["tool_calls_per_episode"] for r in rows], marker="o", markersize=3,
                      label=f"seed {seed}")  # fmt: skip
         axes[2].plot(steps, [r.get("answered_rate", 0.0) for r in rows], marker="o", markersize=3,
                      label=f"seed {seed}")  # fmt: skip
-    axes[0].set(title="GRPO train reward (2-3 hop questions, T=1)", xlabel="GRPO step", ylabel="mean of 16 episodes")
+    axes[0].set(title=f"GRPO train reward ({summary['grpo_run']}, T=1)", xlabel="GRPO step", ylabel="mean of 16 episodes")
     axes[1].set(title="GRPO searches per episode", xlabel="GRPO step")
     axes[2].set(title="GRPO answered share (not at the turn limit)", xlabel="GRPO step", ylim=(-0.03, 1.03))
     styles = ["-", "--", ":", "-."]
@@ -167,12 +170,12 @@ def copy_runs(out: Path, docs: Path, summary: dict[str, Any]) -> None:
         run = out / f"seed{seed}"
         if (run / "base_eval.json").exists():
             shutil.copyfile(run / "base_eval.json", docs / f"deepsearch_seed{seed}_base_eval.json")
-        for stage in ("sft", "grpo"):
-            metrics = run / stage / "metrics.jsonl"
+        for folder in ("sft", summary["grpo_run"]):
+            metrics = run / folder / "metrics.jsonl"
             # a stage that never reached a checkpoint is rerun from its start: nothing of it to keep
-            kept = any((run / stage / "checkpoints").glob("step_*")) or (run / stage / "model").is_dir()
+            kept = any((run / folder / "checkpoints").glob("step_*")) or (run / folder / "model").is_dir()
             if metrics.exists() and kept:
-                shutil.copyfile(metrics, docs / f"deepsearch_seed{seed}_{stage}_metrics.jsonl")
+                shutil.copyfile(metrics, docs / f"deepsearch_seed{seed}_{folder}_metrics.jsonl")
     for name in ("deepsearch_summary.json", "deepsearch_curves.png"):
         shutil.copyfile(out / name, docs / name)
 
@@ -182,8 +185,9 @@ def main() -> None:
     parser.add_argument("out", type=Path, help="the runs folder (OUT of scripts/learning_runs.sh deepsearch)")
     parser.add_argument("--machine", default="", help="recorded in the summary: where the runs ran")
     parser.add_argument("--copy-to", type=Path, help="also copy the summary, PNG and per-seed files here")
+    parser.add_argument("--grpo-run", default="grpo", help="the GRPO run folder in each seed (GRPO_NAME)")
     args = parser.parse_args()
-    summary = summarise(args.out)
+    summary = summarise(args.out, args.grpo_run)
     if args.machine:
         summary["machine"] = args.machine
     (args.out / "deepsearch_summary.json").write_text(json.dumps(summary, indent=1))

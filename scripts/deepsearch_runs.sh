@@ -58,4 +58,4 @@ if [[ ! -f "$RUN/$GRPO_NAME/model/config.json" ]]; then
 fi
 
 stamp "summary -> $OUT/deepsearch_summary.json, $OUT/deepsearch_curves.png"
-python scripts/deepsearch_report.py "$OUT"
+python scripts/deepsearch_report.py "$OUT" --grpo-run "$GRPO_NAME"

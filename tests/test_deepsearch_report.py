@@ -63,3 +63,22 @@ def test_summary_weights_multihop_by_episodes_and_checks_targets_on_complete_see
     assert "| after SFT | 0.150 (1 seed: 0.150) |" in text and "| after GRPO | not run |" in text
     report.plot(tmp_path, summary, tmp_path / "curves.png")
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_grpo_run_reads_a_variant_folder_and_copies_its_metrics_under_its_name(tmp_path: Path) -> None:
+    runs, docs = tmp_path / "runs", tmp_path / "docs"
+    docs.mkdir()
+    write_seed(runs, 0, sft=(0.9, 0.0, 0.0), grpo=(0.2, 0.5, 0.5))  # the default folder: grpo/
+    (runs / "seed0" / "grpo").rename(runs / "seed0" / "grpo_allhops")
+    (runs / "seed0" / "grpo_allhops" / "model").mkdir()
+    write_seed(runs, 1, sft=(0.9, 0.0, 0.0), grpo=(0.1, 0.0, 0.0))  # only the default: not this variant
+
+    summary = report.summarise(runs, "grpo_allhops")
+    assert summary["grpo_run"] == "grpo_allhops"
+    assert summary["grpo"]["em_hops1"] == [0.2, None]
+    assert report.summarise(runs)["grpo"]["em_hops1"] == [None, 0.1]
+    (runs / "deepsearch_summary.json").write_text(json.dumps(summary))
+    report.plot(runs, summary, runs / "deepsearch_curves.png")
+    report.copy_runs(runs, docs, summary)
+    assert (docs / "deepsearch_seed0_grpo_allhops_metrics.jsonl").exists()
+    assert not (docs / "deepsearch_seed0_grpo_metrics.jsonl").exists()

@@ -12,7 +12,9 @@ Reads ``OUT/seed*/`` as ``scripts/learning_runs.sh deepsearch SEED`` leaves it (
   share per step, and per-hop EM of the greedy evals (base, after SFT, after GRPO);
 - the markdown table of docs/learning.md on stdout.
 
-A stage whose eval has not run yet is left out (``null`` in the lists).
+A stage whose eval has not run yet is left out (``null`` in the lists). With ``--grpo-run NAME``
+other than ``grpo`` every file written carries ``_NAME`` (``deepsearch_summary_NAME.json``...), so
+the recipe's figures and a variant's sit side by side.
 
     python scripts/deepsearch_report.py runs/deepsearch [--grpo-run grpo] [--copy-to docs/learning_runs]
 """
@@ -28,6 +30,11 @@ from typing import Any
 
 STAGES = ("base", "sft", "grpo")
 HOPS = (1, 2, 3)
+
+
+def suffix(grpo_run: str) -> str:
+    """The tag of the files written for a GRPO variant (none for the recipe's own ``grpo`` folder)."""
+    return "" if grpo_run == "grpo" else f"_{grpo_run}"
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -98,7 +105,7 @@ def summarise(out: Path, grpo_run: str = "grpo") -> dict[str, Any]:
     per_seed = []
     for run in runs:
         figures = {stage: stage_figures(last_eval(run, folders[stage])) for stage in STAGES}
-        (run / "summary.json").write_text(json.dumps(figures, indent=1))
+        (run / f"summary{suffix(grpo_run)}.json").write_text(json.dumps(figures, indent=1))
         per_seed.append(figures)
     keys = sorted({k for figures in per_seed for stage in figures.values() for k in stage})
     for stage in STAGES:
@@ -176,7 +183,8 @@ def copy_runs(out: Path, docs: Path, summary: dict[str, Any]) -> None:
             kept = any((run / folder / "checkpoints").glob("step_*")) or (run / folder / "model").is_dir()
             if metrics.exists() and kept:
                 shutil.copyfile(metrics, docs / f"deepsearch_seed{seed}_{folder}_metrics.jsonl")
-    for name in ("deepsearch_summary.json", "deepsearch_curves.png"):
+    tag = suffix(summary["grpo_run"])
+    for name in (f"deepsearch_summary{tag}.json", f"deepsearch_curves{tag}.png"):
         shutil.copyfile(out / name, docs / name)
 
 
@@ -190,8 +198,9 @@ def main() -> None:
     summary = summarise(args.out, args.grpo_run)
     if args.machine:
         summary["machine"] = args.machine
-    (args.out / "deepsearch_summary.json").write_text(json.dumps(summary, indent=1))
-    plot(args.out, summary, args.out / "deepsearch_curves.png")
+    tag = suffix(args.grpo_run)
+    (args.out / f"deepsearch_summary{tag}.json").write_text(json.dumps(summary, indent=1))
+    plot(args.out, summary, args.out / f"deepsearch_curves{tag}.png")
     if args.copy_to:
         copy_runs(args.out, args.copy_to, summary)
     print(table(summary))

@@ -10,7 +10,8 @@
 #
 # Writes $OUT/seed$SEED/{sft_data.jsonl, base_eval.json, sft/, grpo/, summary.json} and, over every
 # seed present, $OUT/deepsearch_summary.json and deepsearch_curves.png (scripts/deepsearch_report.py;
-# its --copy-to docs/learning_runs puts them where docs/learning.md cites them).
+# its --copy-to docs/learning_runs puts them where docs/learning.md cites them). A GRPO variant's
+# files carry its name: $GRPO_NAME/, summary_$GRPO_NAME.json, deepsearch_summary_$GRPO_NAME.json...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SEED=${1:?usage: scripts/learning_runs.sh deepsearch SEED [overrides]}
@@ -57,5 +58,5 @@ if [[ ! -f "$RUN/$GRPO_NAME/model/config.json" ]]; then
     logging.dir="$RUN" logging.run_name="$GRPO_NAME" "${GRPO_EXTRA[@]}" "$@" 2>&1 | tee -a "$RUN/$GRPO_NAME.log"
 fi
 
-stamp "summary -> $OUT/deepsearch_summary.json, $OUT/deepsearch_curves.png"
+stamp "summary of $GRPO_NAME -> $OUT/deepsearch_summary*.json, $OUT/deepsearch_curves*.png"
 python scripts/deepsearch_report.py "$OUT" --grpo-run "$GRPO_NAME"

@@ -77,8 +77,14 @@ def test_grpo_run_reads_a_variant_folder_and_copies_its_metrics_under_its_name(t
     assert summary["grpo_run"] == "grpo_allhops"
     assert summary["grpo"]["em_hops1"] == [0.2, None]
     assert report.summarise(runs)["grpo"]["em_hops1"] == [None, 0.1]
-    (runs / "deepsearch_summary.json").write_text(json.dumps(summary))
-    report.plot(runs, summary, runs / "deepsearch_curves.png")
+    assert (runs / "seed0" / "summary_grpo_allhops.json").exists()
+    (runs / "deepsearch_summary_grpo_allhops.json").write_text(json.dumps(summary))
+    report.plot(runs, summary, runs / "deepsearch_curves_grpo_allhops.png")
     report.copy_runs(runs, docs, summary)
-    assert (docs / "deepsearch_seed0_grpo_allhops_metrics.jsonl").exists()
-    assert not (docs / "deepsearch_seed0_grpo_metrics.jsonl").exists()
+    assert sorted(p.name for p in docs.iterdir()) == [
+        "deepsearch_curves_grpo_allhops.png",
+        "deepsearch_seed0_base_eval.json",
+        "deepsearch_seed0_grpo_allhops_metrics.jsonl",
+        "deepsearch_seed1_base_eval.json",
+        "deepsearch_summary_grpo_allhops.json",
+    ]

@@ -308,11 +308,12 @@ def update(
     kept_total = acc.reduce(torch.tensor(float(len(keep)), device=acc.device), reduction="sum")
     if float(kept_total) == 0.0:  # no process has an episode with signal: nothing to learn this step
         return {"skipped_update": 1.0, "lr": parts.scheduler.get_last_lr()[0]}
-    minis = np.array_split(np.array(keep, dtype=np.int64), algo.mini_batches)
-    norms = step_normalisers(parts, batch, minis)  # the loss denominators count every kept episode
-    # ... but only episodes with signal are forwarded: the others add exactly 0 to the gradient.
-    minis = [rows[with_signal(parts, advantages, rows)] for rows in minis]
-    signal_norms = step_normalisers(parts, batch, minis)  # the denominators of the metrics
+    kept_minis = np.array_split(np.array(keep, dtype=np.int64), algo.mini_batches)
+    # The loss denominators count every kept episode, but only episodes with signal are forwarded
+    # (the others add exactly 0 to the gradient); their counts weigh the metrics. One reduce for both.
+    minis = [rows[with_signal(parts, advantages, rows)] for rows in kept_minis]
+    counted = step_normalisers(parts, batch, [*kept_minis, *minis])
+    norms, signal_norms = counted[: len(minis)], counted[len(minis) :]
     old_logp = frozen_old_logprobs(parts, batch, np.concatenate(minis).tolist())
     parts.model.train()
     sums: dict[str, float] = defaultdict(float)

@@ -37,6 +37,12 @@ def suffix(grpo_run: str) -> str:
     return "" if grpo_run == "grpo" else f"_{grpo_run}"
 
 
+def report_files(grpo_run: str) -> tuple[str, str]:
+    """The names of the summary JSON and the curves PNG written in OUT (and copied to the docs)."""
+    tag = suffix(grpo_run)
+    return f"deepsearch_summary{tag}.json", f"deepsearch_curves{tag}.png"
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
@@ -183,8 +189,7 @@ def copy_runs(out: Path, docs: Path, summary: dict[str, Any]) -> None:
             kept = any((run / folder / "checkpoints").glob("step_*")) or (run / folder / "model").is_dir()
             if metrics.exists() and kept:
                 shutil.copyfile(metrics, docs / f"deepsearch_seed{seed}_{folder}_metrics.jsonl")
-    tag = suffix(summary["grpo_run"])
-    for name in (f"deepsearch_summary{tag}.json", f"deepsearch_curves{tag}.png"):
+    for name in report_files(summary["grpo_run"]):
         shutil.copyfile(out / name, docs / name)
 
 
@@ -198,9 +203,9 @@ def main() -> None:
     summary = summarise(args.out, args.grpo_run)
     if args.machine:
         summary["machine"] = args.machine
-    tag = suffix(args.grpo_run)
-    (args.out / f"deepsearch_summary{tag}.json").write_text(json.dumps(summary, indent=1))
-    plot(args.out, summary, args.out / f"deepsearch_curves{tag}.png")
+    summary_name, curves_name = report_files(args.grpo_run)
+    (args.out / summary_name).write_text(json.dumps(summary, indent=1))
+    plot(args.out, summary, args.out / curves_name)
     if args.copy_to:
         copy_runs(args.out, args.copy_to, summary)
     print(table(summary))

@@ -152,7 +152,7 @@ def local_server() -> Iterator[tuple[int, list[str]]]:
             self.wfile.write(b"reached")
 
         def log_message(self, *args: Any) -> None:
-            pass
+            """Silent: the test reads ``hits``, not the server's request log on stderr."""
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)

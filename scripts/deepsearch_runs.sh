@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The DeepSearch recipe on a CPU for one seed (docs/learning.md): collect oracle demonstrations from
-# the train split -> greedy eval of the base model -> SFT -> GRPO on 2-3 hop questions -> summary.
+# the train split -> greedy eval of the base model -> SFT -> GRPO on every hop count -> summary.
 # Every stage is resumable: run it again after a stop and it picks up where it was.
 #
 #   scripts/learning_runs.sh deepsearch SEED [overrides for both trainer stages]
 #   OUT=/tmp/ds scripts/learning_runs.sh deepsearch 0
-#   GRPO_NAME=grpo_allhops GRPO_OVERRIDES='env.kwargs.train_hops=[1,2,3]' scripts/learning_runs.sh deepsearch 0
+#   GRPO_NAME=grpo_2to3hops GRPO_OVERRIDES='env.kwargs.train_hops=[2,3]' scripts/learning_runs.sh deepsearch 0
 #       # a GRPO variant from the same SFT model, in its own run folder (overrides for GRPO only)
 #
 # Writes $OUT/seed$SEED/{sft_data.jsonl, base_eval.json, sft/, grpo/, summary.json} and, over every

@@ -69,22 +69,22 @@ def test_grpo_run_reads_a_variant_folder_and_copies_its_metrics_under_its_name(t
     runs, docs = tmp_path / "runs", tmp_path / "docs"
     docs.mkdir()
     write_seed(runs, 0, sft=(0.9, 0.0, 0.0), grpo=(0.2, 0.5, 0.5))  # the default folder: grpo/
-    (runs / "seed0" / "grpo").rename(runs / "seed0" / "grpo_allhops")
-    (runs / "seed0" / "grpo_allhops" / "model").mkdir()
+    (runs / "seed0" / "grpo").rename(runs / "seed0" / "grpo_2to3hops")
+    (runs / "seed0" / "grpo_2to3hops" / "model").mkdir()
     write_seed(runs, 1, sft=(0.9, 0.0, 0.0), grpo=(0.1, 0.0, 0.0))  # only the default: not this variant
 
-    summary = report.summarise(runs, "grpo_allhops")
-    assert summary["grpo_run"] == "grpo_allhops"
+    summary = report.summarise(runs, "grpo_2to3hops")
+    assert summary["grpo_run"] == "grpo_2to3hops"
     assert summary["grpo"]["em_hops1"] == [0.2, None]
     assert report.summarise(runs)["grpo"]["em_hops1"] == [None, 0.1]
-    assert (runs / "seed0" / "summary_grpo_allhops.json").exists()
-    (runs / "deepsearch_summary_grpo_allhops.json").write_text(json.dumps(summary))
-    report.plot(runs, summary, runs / "deepsearch_curves_grpo_allhops.png")
+    assert (runs / "seed0" / "summary_grpo_2to3hops.json").exists()
+    (runs / "deepsearch_summary_grpo_2to3hops.json").write_text(json.dumps(summary))
+    report.plot(runs, summary, runs / "deepsearch_curves_grpo_2to3hops.png")
     report.copy_runs(runs, docs, summary)
     assert sorted(p.name for p in docs.iterdir()) == [
-        "deepsearch_curves_grpo_allhops.png",
+        "deepsearch_curves_grpo_2to3hops.png",
         "deepsearch_seed0_base_eval.json",
-        "deepsearch_seed0_grpo_allhops_metrics.jsonl",
+        "deepsearch_seed0_grpo_2to3hops_metrics.jsonl",
         "deepsearch_seed1_base_eval.json",
-        "deepsearch_summary_grpo_allhops.json",
+        "deepsearch_summary_grpo_2to3hops.json",
     ]

@@ -7,6 +7,8 @@
 #   OUT=/tmp/ds scripts/learning_runs.sh deepsearch 0
 #   GRPO_NAME=grpo_2to3hops GRPO_OVERRIDES='env.kwargs.train_hops=[2,3]' scripts/learning_runs.sh deepsearch 0
 #       # a GRPO variant from the same SFT model, in its own run folder (overrides for GRPO only)
+#   ONE_HOP=84 TWO_HOP=60 OUT=/tmp/ds_mix scripts/learning_runs.sh deepsearch 0
+#       # another mix of oracle demonstrations for the SFT (default 120 + 24); use a new OUT
 #
 # Writes $OUT/seed$SEED/{sft_data.jsonl, base_eval.json, sft/, grpo/, summary.json} and, over every
 # seed present, $OUT/deepsearch_summary.json and deepsearch_curves.png (scripts/deepsearch_report.py;

@@ -12,6 +12,8 @@ Example:
     >>> run = RunProcess.start([sys.executable, "-c", "print('hi')"], Path(tempfile.mkdtemp()), {})
     >>> run.wait(30), run.status(), run.log_tail().splitlines()[-1]
     (0, 'finished', 'hi')
+    >>> run.claim_end_message(), run.claim_end_message()
+    (True, False)
     >>> run.abort(), state_label("aborted"), state_label("failed (exit 1)")
     ('finished', 'Aborted', 'Error')
 """
@@ -54,6 +56,7 @@ class RunProcess:
         self.aborted = False
         self.started_at = time.time()
         self._ended_at: float | None = None
+        self._end_told = False
         self._lock = threading.Lock()
 
     @classmethod
@@ -99,18 +102,31 @@ class RunProcess:
             return "aborted"
         return "finished" if code == 0 else f"failed (exit {code})"
 
+    def claim_end_message(self) -> bool:
+        """True for the first caller after the run has ended, False before and after that.
+
+        A page that polls says the end once: a late poll never writes it again over a newer message.
+        """
+        with self._lock:
+            if self._end_told or self.running:
+                return False
+            self._end_told = True
+            return True
+
     def wait(self, timeout: float | None = None) -> int:
         return self.process.wait(timeout)
 
     def abort(self, grace_s: float = ABORT_GRACE_S) -> str:
         """Stop the run's whole process group (SIGTERM, SIGKILL after ``grace_s``); returns the status after.
 
-        Aborting a run that already ended changes nothing and returns its status.
+        Aborting a run that already ended changes nothing and returns its status. The caller of an
+        abort that stopped the run says its end: :meth:`claim_end_message` answers False after it.
         """
         with self._lock:
             if not self.running:
                 return self.status()
             self.aborted = True
+            self._end_told = True
             for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(self.process.pid, sig)

@@ -246,6 +246,31 @@ def test_run_process_abort_stops_the_group(tmp_path: Path) -> None:
     assert not Path(f"/proc/{pid}").exists() or "zombie" in _proc_state(pid)  # the child went with it
 
 
+def test_a_late_tick_never_repeats_the_end_over_newer_words(tmp_path: Path) -> None:
+    """CI once saw Resume's refusal overwritten by a timer tick that still said 'aborted'."""
+    import gradio as gr
+
+    from rlf_studio.ui.common import Studio
+    from rlf_studio.ui.tab_train import TrainTab
+
+    studio = Studio(tmp_path / "projects")
+    with gr.Blocks():
+        tab = TrainTab(studio, gr.State(""))
+    run_dir = tmp_path / "run"
+    aborted = RunProcess.start([sys.executable, "-c", "import time; time.sleep(60)"], run_dir, {})
+    studio.runs[str(run_dir)] = aborted
+    assert tab.on_tick(str(run_dir), 2)[-2] == gr.skip()  # running: the status is left alone
+    status, _, timer = tab.on_abort(str(run_dir), 2)
+    assert "aborted" in status and timer.active is False
+    assert tab.on_tick(str(run_dir), 2)[-2] == gr.skip()  # the abort's answer said the end already
+
+    finished = RunProcess.start([sys.executable, "-c", "pass"], run_dir, {})
+    studio.runs[str(run_dir)] = finished
+    finished.wait(30)
+    assert "finished" in tab.on_tick(str(run_dir), 2)[-2]  # the first tick after the end says it
+    assert tab.on_tick(str(run_dir), 2)[-2] == gr.skip()  # and only that one
+
+
 def _proc_state(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0].lower()

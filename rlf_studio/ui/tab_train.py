@@ -166,7 +166,8 @@ class TrainTab:
         self.load.click(self.on_load, [project_state, self.configs], [self.status, *self.widgets])
         self.start.click(self.on_start, form, launched)
         self.resume.click(self.on_resume, form, launched)
-        self.abort.click(self.on_abort, [self.run_state, self.widgets[STEPS_FIELD]], [self.status, self.bar])
+        stopped_view = [self.status, self.bar, self.timer]
+        self.abort.click(self.on_abort, [self.run_state, self.widgets[STEPS_FIELD]], stopped_view)
         live = [self.bar, *self.curves, self.log, self.status, self.timer]
         self.timer.tick(self.on_tick, [self.run_state, self.widgets[STEPS_FIELD]], live)
         project_state.change(self.on_project, project_state, self.configs)
@@ -256,18 +257,20 @@ class TrainTab:
     def on_resume(self, path: str, *values: Any) -> tuple[Any, ...]:
         return self.launch(path, values, resuming=True)
 
-    @guarded(2)
+    @guarded(3)
     def on_abort(self, run_dir: str, steps: float) -> tuple[Any, ...]:
         run = self.studio.runs.get(run_dir or "")
         if run is None:
-            return error("no run was started from this page: nothing to abort"), gr.skip()
+            return error("no run was started from this page: nothing to abort"), gr.skip(), gr.skip()
         name = Path(run_dir).name
         if not run.running:
-            return ok(
-                f"run {name!r} had already ended ({state_label(run.status())}): nothing to abort"
-            ), gr.skip()
-        run.abort()  # SIGTERM to its process group, SIGKILL after a short grace: a few seconds at most
-        return final_message(run, name), progress_html(run, Path(run_dir), int(steps or 0))
+            ended = f"run {name!r} had already ended ({state_label(run.status())}): nothing to abort"
+            return ok(ended), gr.skip(), gr.skip()
+        # SIGTERM to its process group, SIGKILL after a short grace: a few seconds at most. This answer
+        # says the end; a timer tick in flight does not say it again over the next button's words
+        run.abort()
+        bar = progress_html(run, Path(run_dir), int(steps or 0))
+        return final_message(run, name), bar, gr.Timer(active=False)
 
     def on_tick(self, run_dir: str, steps: float) -> tuple[Any, ...]:
         run = self.studio.runs.get(run_dir or "")
@@ -275,7 +278,7 @@ class TrainTab:
             return (gr.skip(),) * (3 + len(self.curves)) + (gr.Timer(active=False),)
         folder = Path(run_dir)
         plots = [chart_html(curve_rows({folder.name: folder}, [key]), key) for key in LIVE_METRICS]
-        final = gr.skip() if run.running else final_message(run, folder.name)
+        final = final_message(run, folder.name) if run.claim_end_message() else gr.skip()
         bar = progress_html(run, folder, int(steps or 0))
         return bar, *plots, log_tail(folder, 25), final, gr.Timer(active=run.running)
 

@@ -1,6 +1,4 @@
-"""The OpenAI chat-completions wire format of rlf-serve: parse a request, shape a reply, typed errors.
-
-"""
+"""The OpenAI chat-completions wire format of rlf-serve: parse a request, shape a reply, typed errors."""
 
 from __future__ import annotations
 

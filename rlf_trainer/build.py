@@ -197,7 +197,9 @@ def training_modules(config: Config, accelerator: Any) -> TrainingModules:
         model_path = resolve_model_path(config)
     tokenizer = load_tokenizer(config, model_path)
     model = load_model(config, model_path)
-    ref_model = load_reference(config, model_path) if config.algorithm.beta > 0 and not config.lora.enabled else None
+    ref_model = (
+        load_reference(config, model_path) if config.algorithm.beta > 0 and not config.lora.enabled else None
+    )
     o = config.optim
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad],

@@ -103,7 +103,9 @@ class Config(Section):
         if not (self.model.path or self.model.prepare):
             raise ConfigError("model.path is required (or model.prepare)")
         if algo.name == "sft" and not self.sft.data:
-            raise ConfigError("algorithm.name=sft needs sft.data: a chat-messages JSONL file (rlf-collect writes one)")
+            raise ConfigError(
+                "algorithm.name=sft needs sft.data: a chat-messages JSONL file (rlf-collect writes one)"
+            )
         if algo.loss in ("grpo", "dr_grpo") and algo.clip_eps_high not in (None, algo.clip_eps_low):
             raise ConfigError(
                 f"{algo.loss} clips symmetrically: leave algorithm.clip_eps_high unset or use algorithm.loss=dapo"
@@ -114,8 +116,10 @@ class Config(Section):
                 f"({algo.overlong_buffer} > {rollout.max_new_tokens})"
             )
         single_pass = algo.num_iterations == 1 and algo.mini_batches == 1
-        if single_pass and algo.old_logprobs == "recompute" and (
-            algo.clip_eps_low is not None or algo.clip_eps_high is not None
+        if (
+            single_pass
+            and algo.old_logprobs == "recompute"
+            and (algo.clip_eps_low is not None or algo.clip_eps_high is not None)
         ):
             logging.getLogger(__name__).warning(
                 "algorithm.clip_eps_low/high are ignored: with one optimizer pass over a batch and "

@@ -107,7 +107,9 @@ class EndpointAgent:
         except ChatCompletionError as exc:
             raise CollectError(f"the endpoint {self.client.url} did not answer: {exc}") from exc
 
-    async def __call__(self, messages: list[Message], tools: list[dict[str, Any]], info: dict[str, Any]) -> str:
+    async def __call__(
+        self, messages: list[Message], tools: list[dict[str, Any]], info: dict[str, Any]
+    ) -> str:
         from rlf_trainer.chat import plain_messages
 
         reply = await self.client.complete(
@@ -149,7 +151,9 @@ class LocalModelAgent:
             completion = self.policy.generate([chat.prompt_ids(tokenizer, messages, tools)], params)[0]
         return completion.text
 
-    async def __call__(self, messages: list[Message], tools: list[dict[str, Any]], info: dict[str, Any]) -> str:
+    async def __call__(
+        self, messages: list[Message], tools: list[dict[str, Any]], info: dict[str, Any]
+    ) -> str:
         return await asyncio.to_thread(self._generate, messages, tools)
 
 
@@ -222,7 +226,9 @@ def _make_envs(env_id: str, num_envs: int, env_kwargs: dict[str, Any]) -> Any:
         return gym.make_vec(env_id, num_envs=num_envs, autoreset_mode="Disabled", **env_kwargs)
     except gym.error.Error as exc:
         known = sorted(k for k in gym.registry if k.startswith("RLF/"))
-        raise CollectError(f"unknown env id {env_id!r} ({exc}); registered RLF ids: {', '.join(known)}") from exc
+        raise CollectError(
+            f"unknown env id {env_id!r} ({exc}); registered RLF ids: {', '.join(known)}"
+        ) from exc
 
 
 # --------------------------------------------------------------------------------------------- play

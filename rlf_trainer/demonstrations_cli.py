@@ -39,14 +39,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--where", action="append", default=[], metavar="KEY=V1,V2",
                    help="keep tasks whose metadata KEY is one of the values (repeatable), e.g. hops=1,2")  # fmt: skip
     p.add_argument("--limit", type=int, help="the first this many tasks (after --where)")
-    p.add_argument("--sample", type=int, help="this many tasks drawn at random (seeded by --seed) after --where")
+    p.add_argument(
+        "--sample", type=int, help="this many tasks drawn at random (seeded by --seed) after --where"
+    )
     p.add_argument("--samples-per-task", type=int, default=1)
     p.add_argument("--threshold", type=float, default=1.0, help="keep episodes whose return is >= this")
     p.add_argument("--seed", type=int, default=0, help="episode seeds are seed, seed+1, ... per task")
     p.add_argument("--concurrency", type=int, default=8, help="episodes in flight at once")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--max-tokens", type=int, default=256, help="tokens per assistant turn (model agents)")
-    p.add_argument("--env-kwargs", default="{}", help='JSON keyword arguments for gym.make, e.g. {"max_turns": 5}')
+    p.add_argument(
+        "--env-kwargs", default="{}", help='JSON keyword arguments for gym.make, e.g. {"max_turns": 5}'
+    )
     p.add_argument("--resume", action="store_true", help="append to --out, skipping episodes already there")
     return p
 
@@ -68,7 +72,10 @@ def _progress_printer() -> Any:
         seen = report.played + report.already_done
         if seen >= every["next"] or seen == total:
             every["next"] = seen + max(1, total // 20)
-            print(f"collect {seen}/{total}  kept {report.kept}  mean reward {report.mean_reward:.3f}", flush=True)
+            print(
+                f"collect {seen}/{total}  kept {report.kept}  mean reward {report.mean_reward:.3f}",
+                flush=True,
+            )
 
     return show
 
@@ -120,7 +127,9 @@ def _task_indices(env_id: str, split: str, where: dict[str, list[str]], limit: i
         env = gym.make(env_id, **env_kwargs)
     except gym.error.Error as exc:
         known = sorted(k for k in gym.registry if k.startswith("RLF/"))
-        raise CollectError(f"unknown env id {env_id!r} ({exc}); registered RLF ids: {', '.join(known)}") from exc
+        raise CollectError(
+            f"unknown env id {env_id!r} ({exc}); registered RLF ids: {', '.join(known)}"
+        ) from exc
     try:
         if split not in env.unwrapped.task.splits():
             raise CollectError(f"{env_id} has no split {split!r}; it has {env.unwrapped.task.splits()}")

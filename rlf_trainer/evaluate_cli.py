@@ -25,7 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     from rlf_trainer.trainer import GRPOTrainer
 
     # an eval trains nothing: the stage (and its data) does not matter
-    overrides = [*args.overrides, "algorithm.name=grpo", "checkpoint.resume=none", "logging.tensorboard=false"]
+    overrides = [
+        *args.overrides,
+        "algorithm.name=grpo",
+        "checkpoint.resume=none",
+        "logging.tensorboard=false",
+    ]
     trainer = GRPOTrainer(load_config(args.config, overrides))
     try:
         metrics = trainer.evaluate()

@@ -29,7 +29,9 @@ from rlf_trainer.trajectory import EpisodeStats
 def evaluate(parts: StepParts, step: int, run_dir: Path) -> dict[str, float]:
     """Play the eval prompts with the current policy after ``step`` steps; returns ``eval/*`` metrics."""
     cfg, acc = parts.config, parts.accelerator
-    prompts = eval_prompt_indices(parts.envs.num_tasks(cfg.env.test_split), cfg.eval.num_prompts, cfg.eval.sample_seed)
+    prompts = eval_prompt_indices(
+        parts.envs.num_tasks(cfg.env.test_split), cfg.eval.num_prompts, cfg.eval.sample_seed
+    )
     mine = prompts[acc.process_index :: acc.num_processes]
     num_envs = parts.local_prompts * parts.group_size
     sampling = SamplingParams(

@@ -287,7 +287,9 @@ def optimizer_step(
             parts.optimizer.zero_grad(set_to_none=True)
         if not dummy:
             for key, value in micro_metrics.items():
-                sums[key] += value * metric_weight(key, micro, signal_norm, acc.num_processes, cfg.algorithm.loss)
+                sums[key] += value * metric_weight(
+                    key, micro, signal_norm, acc.num_processes, cfg.algorithm.loss
+                )
     if not acc.sync_gradients:
         raise RuntimeError(
             "gradient accumulation went out of step with the micro-batches: an optimizer step must "

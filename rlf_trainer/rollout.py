@@ -94,7 +94,9 @@ def generate_turn(
     if not generating:
         return actions, completions
     params = dataclasses.replace(
-        sampling, seed=None, seeds=None if key is None else tuple(key.for_request(i, turn) for i in generating)
+        sampling,
+        seed=None,
+        seeds=None if key is None else tuple(key.for_request(i, turn) for i in generating),
     )
     outputs = policy.generate([trajectories[i].token_ids for i in generating], params)
     if len(outputs) != len(generating):

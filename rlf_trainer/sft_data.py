@@ -54,7 +54,9 @@ class SFTData:
     too_long: list[str] = field(default_factory=list)  # sources of the examples left out
 
 
-def demonstration_trajectory(tokenizer: Any, messages: Sequence[Message], tools: Sequence[dict[str, Any]]) -> Trajectory:
+def demonstration_trajectory(
+    tokenizer: Any, messages: Sequence[Message], tools: Sequence[dict[str, Any]]
+) -> Trajectory:
     """The :class:`~rlf_trainer.trajectory.Trajectory` an RL rollout would build for ``messages``.
 
     ``messages`` start with the prompt (everything before the first assistant message); each
@@ -107,7 +109,9 @@ def load_sft_examples(path: str | Path, tokenizer: Any, *, max_total_tokens: int
             raise SFTDataError(f"{source}: {exc}") from exc
         if len(traj.token_ids) > max_total_tokens:
             data.too_long.append(source)
-            print(f"SFT: {source} has {len(traj.token_ids)} tokens > max_total_tokens {max_total_tokens}: left out")
+            print(
+                f"SFT: {source} has {len(traj.token_ids)} tokens > max_total_tokens {max_total_tokens}: left out"
+            )
             continue
         data.examples.append(SFTExample(traj.token_ids, traj.loss_mask, source))
     if not data.examples:

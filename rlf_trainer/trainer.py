@@ -105,7 +105,9 @@ class GRPOTrainer:
         self.envs = build.make_envs(config, self.local_prompts * self.group_size)
         try:  # the envs run tool-server processes: never leave them behind on a failed start
             # before step 1 (and before a vLLM engine starts): a prompt over the budget is an error
-            self.budget = check_run_budget(config, self.envs, self.tokenizer, acc.unwrap_model(self.model).config)
+            self.budget = check_run_budget(
+                config, self.envs, self.tokenizer, acc.unwrap_model(self.model).config
+            )
             self.health = HealthMonitor(config.health, max_total_tokens=config.rollout.max_total_tokens,
                                         tool_schema_tokens=self.budget.tool_schema_tokens)  # fmt: skip
             self.health_log = HealthLog(self.run_dir if acc.is_main_process else None, config.health.fail_on)
@@ -178,7 +180,9 @@ class GRPOTrainer:
         try:
             stage = "SFT" if cfg.algorithm.name == "sft" else "GRPO"
             printing = cfg.logging.progress_bar and self.accelerator.is_main_process
-            with step_printer(stage, cfg.max_steps, self.step, lambda: self.step, enabled=printing) as advance:
+            with step_printer(
+                stage, cfg.max_steps, self.step, lambda: self.step, enabled=printing
+            ) as advance:
                 while self.step < cfg.max_steps:
                     metrics = self.train_step()
                     if eval_due(self.step, cfg.eval.every, cfg.max_steps):

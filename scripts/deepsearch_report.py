@@ -44,7 +44,9 @@ def report_files(grpo_run: str) -> tuple[str, str]:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    )
 
 
 def last_eval(run: Path, folder: str) -> dict[str, float]:
@@ -82,7 +84,9 @@ def mean_std(values: list[float | None]) -> dict[str, float | int] | None:
 
 def targets(summary: dict[str, Any]) -> dict[str, Any]:
     """The issue's targets on the seeds that have all three stages (means over those seeds)."""
-    complete = [i for i, _ in enumerate(summary["seeds"]) if all(summary[s]["em"][i] is not None for s in STAGES)]
+    complete = [
+        i for i, _ in enumerate(summary["seeds"]) if all(summary[s]["em"][i] is not None for s in STAGES)
+    ]
     if not complete:
         return {"seeds": []}
 
@@ -150,14 +154,22 @@ def plot(out: Path, summary: dict[str, Any], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 4, figsize=(19, 4), dpi=100)
     for seed in summary["seeds"]:
-        rows = [r for r in read_jsonl(out / f"seed{seed}" / summary["grpo_run"] / "metrics.jsonl") if "reward/mean" in r]
+        rows = [
+            r
+            for r in read_jsonl(out / f"seed{seed}" / summary["grpo_run"] / "metrics.jsonl")
+            if "reward/mean" in r
+        ]
         steps = [r["step"] for r in rows]
         axes[0].plot(steps, [r["reward/mean"] for r in rows], marker="o", markersize=3, label=f"seed {seed}")
         axes[1].plot(steps, [r["tool_calls_per_episode"] for r in rows], marker="o", markersize=3,
                      label=f"seed {seed}")  # fmt: skip
         axes[2].plot(steps, [r.get("answered_rate", 0.0) for r in rows], marker="o", markersize=3,
                      label=f"seed {seed}")  # fmt: skip
-    axes[0].set(title=f"GRPO train reward ({summary['grpo_run']}, T=1)", xlabel="GRPO step", ylabel="mean of 16 episodes")
+    axes[0].set(
+        title=f"GRPO train reward ({summary['grpo_run']}, T=1)",
+        xlabel="GRPO step",
+        ylabel="mean of 16 episodes",
+    )
     axes[1].set(title="GRPO searches per episode", xlabel="GRPO step")
     axes[2].set(title="GRPO answered share (not at the turn limit)", xlabel="GRPO step", ylim=(-0.03, 1.03))
     styles = ["-", "--", ":", "-."]

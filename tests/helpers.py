@@ -426,7 +426,9 @@ def echo_prompts(tokenizer: Any) -> list[list[int]]:
 
     from rlf_trainer import chat
 
-    tasks = [{"id": f"t{i}", "question": f"Echo the word {w}.", "answer": w} for i, w in enumerate(ANSWER_WORDS)]
+    tasks = [
+        {"id": f"t{i}", "question": f"Echo the word {w}.", "answer": w} for i, w in enumerate(ANSWER_WORDS)
+    ]
     env = gym.make("RLF/ToolUse-v0", tasks=tasks, reward="exact_match")
     try:
         infos = [env.reset(options={"task_index": index})[1] for index in range(len(tasks))]

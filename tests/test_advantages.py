@@ -12,6 +12,7 @@ from rlf_trainer.advantages import returns_to_go, spread_over_tokens, turn_advan
 def token_advantages(turn_rewards, spans, width, group_size, **kwargs):
     return spread_over_tokens(turn_advantages(turn_rewards, group_size, **kwargs), spans, width)
 
+
 # One group of three episodes. Per-turn rewards (a 0.1 tool-success bonus, then the answer's 1/0):
 #   ep0: [0.1, 0.1, 1.0]   ep1: [0.1, 0.0]   ep2: [0.0]
 REWARDS = [[0.1, 0.1, 1.0], [0.1, 0.0], [0.0]]

@@ -77,7 +77,9 @@ def launch_with_fault(args: list[str], log: Path, fault: Path, after_fault_s: fl
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
             proc.wait()
-            pytest.fail(f"the launch still ran {after_fault_s:.0f} s after the fault:\n{log.read_text()[-4000:]}")
+            pytest.fail(
+                f"the launch still ran {after_fault_s:.0f} s after the fault:\n{log.read_text()[-4000:]}"
+            )
     if fault.exists():
         print(f"fault on rank 1 -> every rank gone: {time.time() - float(fault.read_text()):.1f} s")
     return proc.returncode, log.read_text(errors="replace")

@@ -39,7 +39,9 @@ def check_common(report: dict) -> None:
     for mode in ("lockstep", "async"):  # measured figures; their size is the check script's to print
         row = rollout[mode]
         assert row["episodes_per_s"] == pytest.approx(row["episodes"] / row["wall_s"])
-    assert rollout["async_speedup"] == pytest.approx(rollout["lockstep"]["wall_s"] / rollout["async"]["wall_s"])
+    assert rollout["async_speedup"] == pytest.approx(
+        rollout["lockstep"]["wall_s"] / rollout["async"]["wall_s"]
+    )
     assert "cuda" in report["memory"]
     launch = report["launch"]  # accelerate launch --num_processes 1 examples/train.py, 2 steps
     assert (
@@ -66,7 +68,9 @@ def test_dry_run_on_vllm(tmp_path):
     report = run_dry(tmp_path)
     check_common(report)
     generate = report["generate"]  # measured figures: the check is that the ratio is theirs
-    assert generate["policy_over_raw"] == pytest.approx(generate["policy_tokens_per_s"] / generate["raw_tokens_per_s"])
+    assert generate["policy_over_raw"] == pytest.approx(
+        generate["policy_tokens_per_s"] / generate["raw_tokens_per_s"]
+    )
     assert report["grpo"]["backend"] == ["policy.backend=vllm", "rollout.mode=async"]
     assert all(step["sampler_kl"] < 1e-3 for step in report["grpo"]["steps"][1:])
     assert report["rollout"]["policy"] == "VLLMPolicy"

@@ -37,7 +37,10 @@ ENV_LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "services",
         ("rlf_envs.tools", "rlf_envs.rewards", "rlf_envs.servers", "rlf_envs.isolation", "rlf_envs.dialogue"),
     ),
-    ("core", ("rlf_envs.task rlf_envs.episode rlf_envs.env_runtime rlf_envs.env rlf_envs.vector",)),  # one component
+    (
+        "core",
+        ("rlf_envs.task rlf_envs.episode rlf_envs.env_runtime rlf_envs.env rlf_envs.vector",),
+    ),  # one component
     (
         "tasks",
         (

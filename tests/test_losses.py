@@ -56,6 +56,7 @@ def dapo_loss(logp, old, adv, mask, **kwargs):
 def gspo_loss(logp, old, adv, mask, **kwargs):
     return policy_loss("gspo", logp, old, adv, mask, **kwargs)
 
+
 # ---------------------------------------------------------------- advantages
 
 

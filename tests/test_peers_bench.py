@@ -170,6 +170,8 @@ def test_compare_row_for_an_installed_peer_has_a_ratio(tmp_path):
     )
     gem = next(row for row in report["rows"] if row["driver"] == "gem")
     ours = next(row for row in report["rows"] if row["driver"] == OURS)
-    assert gem["ratio_to_ours"] == pytest.approx(gem["steps_per_s"] / ours["steps_per_s"]) and gem["errors"] == 0
+    assert (
+        gem["ratio_to_ours"] == pytest.approx(gem["steps_per_s"] / ours["steps_per_s"]) and gem["errors"] == 0
+    )
     assert gem["version"] == "0.1.0" and gem["transport"] == "http"
     assert os.path.basename(str(gem.get("tool_layout"))) == "per_env"

@@ -189,7 +189,10 @@ def test_auto_fallback_to_guards_warns_in_reset_info_and_the_servers_instruction
     from rlf_envs.tasks.python_tool.task import PythonToolTask
 
     task = PythonToolTask(isolation="auto", bwrap_path="/nonexistent/bwrap")
-    assert task.isolation.value == "guards" and "not a security boundary" in task.env_info()["sandbox"]["warning"]
+    assert (
+        task.isolation.value == "guards"
+        and "not a security boundary" in task.env_info()["sandbox"]["warning"]
+    )
     args = task.mcp_config()["mcpServers"]["python"]["args"]
     assert args[args.index("--isolation") + 1] == "auto"
     forced = PythonToolTask(isolation="guards", bwrap_path="/nonexistent/bwrap")

@@ -27,11 +27,15 @@ def test_same_seed_gives_the_same_rollouts_and_weights(mode, tiny_model_dir, tmp
     other = two_steps(tiny_model_dir, tmp_path, "c", f"rollout.mode={mode}", "seed=1")
 
     (batch_a, records_a, params_a), (batch_b, records_b, params_b) = first, again
-    assert torch.equal(batch_a.input_ids, batch_b.input_ids) and torch.equal(batch_a.loss_mask, batch_b.loss_mask)
+    assert torch.equal(batch_a.input_ids, batch_b.input_ids) and torch.equal(
+        batch_a.loss_mask, batch_b.loss_mask
+    )
     for key in ("reward/mean", "grad_norm", "kl", "entropy", "response_length"):
         assert [r[key] for r in records_a] == [r[key] for r in records_b], key
     assert all(torch.equal(params_a[k], params_b[k]) for k in params_a)
 
     batch_c, _, params_c = other
-    assert not torch.equal(batch_a.input_ids[:, : batch_c.input_ids.shape[1]], batch_c.input_ids[:, : batch_a.input_ids.shape[1]])
+    assert not torch.equal(
+        batch_a.input_ids[:, : batch_c.input_ids.shape[1]], batch_c.input_ids[:, : batch_a.input_ids.shape[1]]
+    )
     assert any(not torch.equal(params_a[k], params_c[k]) for k in params_a)

@@ -114,9 +114,14 @@ class RecordingPolicy(HFPolicy):
         forced = [self.forced_question in t and t.count("<|im_start|>assistant") == 1 for t in texts]
         seeds = params.request_seeds(len(prompts))
         sampled_params = dataclasses.replace(
-            params, seeds=None if params.seeds is None else tuple(s for s, f in zip(seeds, forced, strict=True) if not f)
+            params,
+            seeds=None
+            if params.seeds is None
+            else tuple(s for s, f in zip(seeds, forced, strict=True) if not f),
         )
-        sampled = iter(super().generate([p for p, f in zip(prompts, forced, strict=True) if not f], sampled_params))
+        sampled = iter(
+            super().generate([p for p, f in zip(prompts, forced, strict=True) if not f], sampled_params)
+        )
         replayed = iter(self.replay.generate([p for p, f in zip(prompts, forced, strict=True) if f], params))
         completions = [next(replayed) if f else next(sampled) for f in forced]
         for prompt, completion in zip(prompts, completions, strict=True):

@@ -64,7 +64,9 @@ class SeedRecorder:
             turn = text.count("<|im_start|>assistant") - 1
             question = text.split("What is ")[1].split(" squared")[0]
             self.seeds[(question, turn)] = seed
-            reply = '<tool_call>\n{"name": "square", "arguments": {"n": 2}}\n</tool_call>' if turn == 0 else "4"
+            reply = (
+                '<tool_call>\n{"name": "square", "arguments": {"n": 2}}\n</tool_call>' if turn == 0 else "4"
+            )
             ids = chat.encode(self.tokenizer, reply) + [self.tokenizer.convert_tokens_to_ids("<|im_end|>")]
             out.append(Completion(ids, [0.0] * len(ids), reply, "stop"))
         return out
@@ -101,6 +103,8 @@ def test_lockstep_and_async_rollouts_seed_each_request_alike(tiny_tokenizer):
         finally:
             envs.close()
         recorded[name] = policy.seeds
-    expected = {(str(e), t): sample_seed(3, step=1, episode=4 + e, turn=t) for e in range(4) for t in range(2)}
+    expected = {
+        (str(e), t): sample_seed(3, step=1, episode=4 + e, turn=t) for e in range(4) for t in range(2)
+    }
     assert recorded["lockstep"] == expected
     assert recorded["async"] == expected

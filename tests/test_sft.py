@@ -149,7 +149,9 @@ def test_load_sft_examples_skips_too_long_and_names_bad_lines(tmp_path, tiny_tok
                for i in range(3)]  # fmt: skip
     budget = sorted(lengths)[1]  # the longest example is over it
     data = load_sft_examples(out, tiny_tokenizer, max_total_tokens=budget)
-    assert len(data.examples) == sum(n <= budget for n in lengths) and len(data.too_long) == 3 - len(data.examples)
+    assert len(data.examples) == sum(n <= budget for n in lengths) and len(data.too_long) == 3 - len(
+        data.examples
+    )
     with out.open("a") as f:
         f.write('{"messages": [{"role": "assistant", "content": "hi"}]}\n')
     with pytest.raises(SFTDataError, match="demos.jsonl:4: a demonstration needs prompt messages"):

@@ -149,7 +149,11 @@ def test_resume_in_the_same_run_folder_keeps_one_version_of_each_step(straight_r
     shutil.copytree(straight.run_dir, tmp_path / "straight")
     first = list_checkpoints(tmp_path / "straight" / "checkpoints")[0]
     config = tiny_config(
-        tiny_model_dir, tmp_path, "logging.run_name=straight", f"checkpoint.resume={first}", "checkpoint.every=0"
+        tiny_model_dir,
+        tmp_path,
+        "logging.run_name=straight",
+        f"checkpoint.resume={first}",
+        "checkpoint.every=0",
     )
     resumed = GRPOTrainer(config)
     resumed.train()

@@ -74,7 +74,9 @@ def _completion(turn: int, tool_name: str | None) -> Any:
     )
 
 
-def _result(transcripts: list[list[dict]], num_envs: int, steps: int, wall: float, setup_s: float) -> dict[str, Any]:
+def _result(
+    transcripts: list[list[dict]], num_envs: int, steps: int, wall: float, setup_s: float
+) -> dict[str, Any]:
     """The driver's report from the finished transcripts (every tool result must be there)."""
     tool_messages = [m for t in transcripts for m in t if m.get("role") == "tool"]
     errors = sum(1 for m in tool_messages if "slept" not in str(m.get("content")))

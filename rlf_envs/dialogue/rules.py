@@ -45,7 +45,6 @@ _SPECIAL = re.compile(
 )
 
 
-
 def _first_match(patterns: list[re.Pattern[str]], text: str) -> str | None:
     """The text of the first pattern that matches ``text``, or None."""
     for pattern in patterns:
@@ -53,6 +52,7 @@ def _first_match(patterns: list[re.Pattern[str]], text: str) -> str | None:
         if found is not None:
             return found.group()
     return None
+
 
 def special_tokens(raw: str) -> str | None:
     """Another chat template's special token or the agent's markup inside the reply."""

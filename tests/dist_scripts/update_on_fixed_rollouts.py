@@ -47,7 +47,9 @@ def main(out_dir: str, model_dir: str, run_dir: str, batch_file: str, *overrides
         per_turn = grpo.episode_advantages(parts, local)
         advantages = spread_over_tokens(per_turn, local.turn_spans, local.loss_mask.shape[1])
         metrics = grpo.update(parts, local, advantages, list(range(len(local))))
-        metrics = mean_over_processes(trainer.accelerator, {k: v for k, v in metrics.items() if k != "grad_norm"})
+        metrics = mean_over_processes(
+            trainer.accelerator, {k: v for k, v in metrics.items() if k != "grad_norm"}
+        )
         history.append(metrics | rollout_metrics(gather_object(list(local.stats))))  # as train_step logs them
     state = acc.get_state_dict(trainer.model)
     if acc.is_main_process:

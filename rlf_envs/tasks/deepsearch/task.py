@@ -123,7 +123,9 @@ class DeepSearchTask(Task):
         if self.train_hops is not None and "train" in splits:  # the test split always keeps every hop count
             splits["train"] = [i for i in splits["train"] if i.metadata.get("hops") in self.train_hops]
             if not splits["train"]:
-                raise ValueError(f"train_hops={sorted(self.train_hops)}: no train question has that many hops")
+                raise ValueError(
+                    f"train_hops={sorted(self.train_hops)}: no train question has that many hops"
+                )
         return splits
 
     def index_path(self) -> Path:

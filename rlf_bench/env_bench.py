@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from rlf_envs.info_keys import TOOL_CALLS
-from rlf_envs.runtime import LoopThread
+from rlf_envs.loop_thread import LoopThread
 
 LATENCY_MODULE = "rlf_envs.servers.latency"
 

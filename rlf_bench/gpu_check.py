@@ -63,7 +63,7 @@ class GPUCheckShape:
 
 def build_model(shape: GPUCheckShape, out: Path) -> Path:
     """The random-init Qwen3 of this shape (a tokenizer trained offline; a 1k vocabulary)."""
-    from rlf_trainer.models import build_tiny_qwen3
+    from rlf_trainer.data.models import build_tiny_qwen3
 
     return build_tiny_qwen3(
         out, hidden=shape.hidden, layers=shape.layers, heads=shape.heads, head_dim=shape.head_dim
@@ -144,7 +144,7 @@ def check_generate(shape: GPUCheckShape, model: Path) -> dict[str, Any]:
 def check_grpo(shape: GPUCheckShape, model: Path, out: Path) -> dict[str, Any]:
     """Two GRPO steps on RLF/Codebook-v0 with the colocated vLLM engine (async rollout), else the HF backend."""
     from rlf_trainer.config import load_config
-    from rlf_trainer.trainer import GRPOTrainer
+    from rlf_trainer.trainer import Trainer
 
     backend = ["policy.backend=vllm", "rollout.mode=async"] if vllm_available() else ["policy.backend=hf"]
     overrides = [
@@ -159,7 +159,7 @@ def check_grpo(shape: GPUCheckShape, model: Path, out: Path) -> dict[str, Any]:
     if not shape.dry:
         overrides.append("mixed_precision=bf16")
     config = Path(__file__).resolve().parents[1] / "examples" / "configs" / "smollm2_learn_cpu.yaml"
-    trainer = GRPOTrainer(load_config(config, overrides))
+    trainer = Trainer(load_config(config, overrides))
     history = trainer.train()
     keys = ("step", "time/step", "time/generate", "time/train", "sampler_kl", "reward/mean", "samples/s")
     return {"backend": backend, "steps": [{k: r.get(k) for k in keys if k in r} for r in history.records]}
@@ -168,7 +168,7 @@ def check_grpo(shape: GPUCheckShape, model: Path, out: Path) -> dict[str, Any]:
 def check_launch(shape: GPUCheckShape, model: Path, out: Path) -> dict[str, Any]:
     """``accelerate launch --num_processes 1 examples/train.py`` (tiny_test.yaml, 2 steps): the launcher's path.
 
-    The same start-up as a multi-GPU launch (launcher environment, :func:`rlf_trainer.distributed.make_accelerator`,
+    The same start-up as a multi-GPU launch (launcher environment, :func:`rlf_trainer.run.distributed.make_accelerator`,
     the trainer's device placement) on the one device there is, as users start it.
     """
     repo = Path(__file__).resolve().parents[1]
@@ -211,8 +211,8 @@ def check_rollout(shape: GPUCheckShape, model: Path) -> dict[str, Any]:
 
     import rlf_envs  # noqa: F401
     from rlf_trainer.policy.base import SamplingParams
-    from rlf_trainer.rollout import run_rollout
-    from rlf_trainer.rollout_async import run_async_rollout
+    from rlf_trainer.rollout.async_rollout import run_async_rollout
+    from rlf_trainer.rollout.lockstep import run_rollout
 
     policy = _policy(shape, model)
     envs = gym.make_vec("RLF/DeepSearch-v0", num_envs=shape.rollout_episodes, parser=AlwaysSearchParser(),

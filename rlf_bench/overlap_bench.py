@@ -88,14 +88,14 @@ def run_overlap_bench(
     settings: RolloutBenchSettings, model_dir: str, workdir: Path, steps: int, progress: Any = print
 ) -> dict[str, Any]:
     """Median step seconds (steps 2..N) without and with overlap, and their ratio."""
-    from rlf_trainer.trainer import GRPOTrainer
+    from rlf_trainer.trainer import Trainer
 
     if steps < 2:
         raise ValueError("--train-steps must be >= 2: the first step is not timed")
     arms: dict[str, dict[str, Any]] = {}
     for overlap in (False, True):
         config = overlap_config(settings, model_dir, workdir / "runs", steps, overlap)
-        records = GRPOTrainer(config).train().records[1:]
+        records = Trainer(config).train().records[1:]
         arm = {
             key: statistics.median(r[key] for r in records)
             for key in ("time/step", "time/rollout", "time/train", "time/sync")

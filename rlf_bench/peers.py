@@ -178,7 +178,7 @@ def run_ours_async(settings: BenchSettings) -> dict[str, Any]:
     import gymnasium as gym
 
     import rlf_envs  # noqa: F401  (registers ids)
-    from rlf_envs.runtime import LoopThread
+    from rlf_envs.loop_thread import LoopThread
 
     with latency_servers(settings) as config:
         envs = gym.make_vec(

@@ -36,7 +36,7 @@ from rlf_bench.rollout_workload import RolloutBenchSettings, make_bench_envs, to
 
 
 def _load_policy(settings: RolloutBenchSettings, workdir: Path) -> Any:
-    from rlf_trainer.models import build_tiny_qwen3
+    from rlf_trainer.data.models import build_tiny_qwen3
 
     model = settings.model or str(build_tiny_qwen3(workdir / "tiny"))
     if settings.backend == "vllm":
@@ -61,8 +61,8 @@ def _load_policy(settings: RolloutBenchSettings, workdir: Path) -> Any:
 
 def _one_round(settings: RolloutBenchSettings, policy: Any, mode: str, round_index: int) -> dict[str, Any]:
     from rlf_trainer.policy.base import SamplingParams
-    from rlf_trainer.rollout import run_rollout
-    from rlf_trainer.rollout_async import run_async_rollout
+    from rlf_trainer.rollout.async_rollout import run_async_rollout
+    from rlf_trainer.rollout.lockstep import run_rollout
 
     envs = make_bench_envs(settings, seed=round_index)
     try:
@@ -92,8 +92,8 @@ def _one_round(settings: RolloutBenchSettings, policy: Any, mode: str, round_ind
 
 def _single_request_s(settings: RolloutBenchSettings, policy: Any) -> float:
     """Median seconds of one generation alone (no other request in the engine)."""
-    from rlf_trainer import chat
     from rlf_trainer.policy.base import SamplingParams
+    from rlf_trainer.rollout import chat
 
     prompt = chat.prompt_ids(
         policy.tokenizer, [{"role": "user", "content": "Task 0: wait for the tool."}], []

@@ -59,7 +59,7 @@ def run_scale_bench(
     """1 process, then ``processes``; figures of both and the speed-up of the second."""
     root = Path(workdir or tempfile.mkdtemp(prefix="rlf-bench-scale-"))
     if model_dir is None:
-        from rlf_trainer.models import build_tiny_qwen3
+        from rlf_trainer.data.models import build_tiny_qwen3
 
         model_dir = build_tiny_qwen3(root / "tiny-qwen3")
     report: dict[str, Any] = {"shape": dict(shape), "model": str(model_dir), "runs": {}}

@@ -99,9 +99,9 @@ class StepClock:
 
 
 def run_rlf(model_dir: str | os.PathLike[str], shape: TrainBenchShape, workdir: Path) -> dict[str, Any]:
-    """Our :class:`~rlf_trainer.trainer.GRPOTrainer` for ``shape.steps`` steps; its step times and samples/s."""
+    """Our :class:`~rlf_trainer.trainer.Trainer` for ``shape.steps`` steps; its step times and samples/s."""
     from rlf_trainer.config import from_dict
-    from rlf_trainer.trainer import GRPOTrainer
+    from rlf_trainer.trainer import Trainer
 
     config = from_dict(
         {
@@ -134,7 +134,7 @@ def run_rlf(model_dir: str | os.PathLike[str], shape: TrainBenchShape, workdir: 
             "max_steps": shape.steps,
         }
     ).validate()
-    trainer = GRPOTrainer(config)
+    trainer = Trainer(config)
     clock = StepClock()
     metrics: list[dict[str, float]] = []
     try:
@@ -227,7 +227,7 @@ def run_train_bench(
     """
     root = Path(workdir or tempfile.mkdtemp(prefix="rlf-bench-train-"))
     if model_dir is None:
-        from rlf_trainer.models import build_tiny_qwen3
+        from rlf_trainer.data.models import build_tiny_qwen3
 
         model_dir = build_tiny_qwen3(root / "tiny-qwen3")
     import torch
@@ -255,7 +255,7 @@ def format_train_report(report: dict[str, Any]) -> str:
         f"train bench: {s['prompts']} prompts x {s['generations']} generations, "
         f"{s['max_new_tokens']} max new tokens, {s['steps']} steps (first untimed), model {report['model']}",
     ]
-    for name, label in (("rlf", "rlf GRPOTrainer"), ("trl", "TRL GRPOTrainer")):
+    for name, label in (("rlf", "rlf Trainer"), ("trl", "TRL GRPOTrainer")):
         if name in report:
             r = report[name]
             steps = ", ".join(f"{t:.2f}" for t in r["step_s"])

@@ -19,7 +19,7 @@ import gymnasium as gym
 import numpy as np
 
 import rlf_envs  # noqa: F401  (registers ids)
-from rlf_envs.env import render_transcript
+from rlf_envs.core.env import render_transcript
 from rlf_envs.info_keys import MESSAGES
 from rlf_envs.tasks.deepsearch.oracle import oracle_turns
 from rlf_envs.tasks.deepsearch.world import generate_world

@@ -19,9 +19,9 @@ import inspect
 from typing import Any
 
 from envs_registry import TOOL_USE
-from rlf_envs.env import ToolEnv
-from rlf_envs.task import Task
-from rlf_envs.vector import ToolVectorEnv
+from rlf_envs.core.env import ToolEnv
+from rlf_envs.core.task import Task
+from rlf_envs.core.vector import ToolVectorEnv
 
 __all__ = ["TOOL_USE", "build_task", "make_env", "make_vec"]
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import enum
 import itertools
-import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -146,12 +145,6 @@ class Episode:
     user_turns: int = 0
     sim_error: str | None = None
     episode_args: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def task(self) -> TaskInstance:
-        """Deprecated name of :attr:`instance` (it is a task *instance*); removed in the next release."""
-        warnings.warn("Episode.task is deprecated: use Episode.instance", DeprecationWarning, stacklevel=2)
-        return self.instance
 
 
 RewardValue = float | dict[str, Any]

@@ -29,7 +29,7 @@ class ChatBackend(Protocol):
 class PolicyChatBackend:
     """Chat on top of a :class:`~rlf_trainer.policy.base.Policy` (HF or vLLM).
 
-    Prompts are rendered with the tokenizer's chat template (:func:`rlf_trainer.chat.prompt_ids`,
+    Prompts are rendered with the tokenizer's chat template (:func:`rlf_trainer.rollout.chat.prompt_ids`,
     ``tools`` included). Requests that share temperature, top_p and seed go to one
     ``policy.generate`` call with the largest ``max_tokens`` among them; each reply is then cut
     to its own ``max_tokens`` and ``stop`` strings (sampling is left to right, so a cut
@@ -48,8 +48,8 @@ class PolicyChatBackend:
         self.policy.close()
 
     def generate(self, requests: Sequence[ChatRequest]) -> list[ChatReply]:
-        from rlf_trainer.chat import prompt_ids
         from rlf_trainer.policy.base import SamplingParams
+        from rlf_trainer.rollout.chat import prompt_ids
 
         prompts = [prompt_ids(self.tokenizer, r.messages, r.tools) for r in requests]
         groups: dict[tuple[float, float, int | None], list[int]] = {}

@@ -3,13 +3,13 @@
 An episode's tokens are the prompt (system prompt + every tool's JSON schema + the task) plus every
 turn; ``rollout.max_total_tokens`` caps the sum. Twelve tool schemas easily take 3,000 tokens, so a
 1,024-token budget leaves the model nothing to say, and every episode ends empty with loss 0. The
-trainer refuses such a run before step 1 (:func:`rlf_trainer.budget.check_run_budget`); the
+trainer refuses such a run before step 1 (:func:`rlf_trainer.observe.budget.check_run_budget`); the
 studio's Start calls that same check on the form's config, so the refusal comes at once, in the
 form's words, and not from a subprocess after the model has loaded. This module adds only what
 the studio needs around it: the form's model name to a tokenizer, and the words.
 
 Example:
-    >>> from rlf_trainer.budget import PromptBudget
+    >>> from rlf_trainer.observe.budget import PromptBudget
     >>> budget = PromptBudget(system_tokens=30, tool_schema_tokens=2800, task_tokens=200,
     ...                       prompt_tokens=3030, task_id="t1", max_total_tokens=1024, context_length=None)
     >>> BudgetReport(budget, num_tools=12, max_new_tokens=64).problem()
@@ -25,8 +25,8 @@ from typing import Any
 import gymnasium as gym
 
 import rlf_envs  # noqa: F401  (registers the RLF/* ids)
-from rlf_trainer.budget import PromptBudget, PromptBudgetError, check_prompt_budget, check_run_budget
 from rlf_trainer.config import from_dict
+from rlf_trainer.observe.budget import PromptBudget, PromptBudgetError, check_prompt_budget, check_run_budget
 
 _PROBE_MESSAGES = [
     {"role": "system", "content": "You are a helpful assistant."},
@@ -40,7 +40,7 @@ class BudgetError(ValueError):
 
 @dataclass(frozen=True)
 class BudgetReport:
-    """The trainer's :class:`~rlf_trainer.budget.PromptBudget` of a form, in the form's words."""
+    """The trainer's :class:`~rlf_trainer.observe.budget.PromptBudget` of a form, in the form's words."""
 
     budget: PromptBudget
     num_tools: int
@@ -87,7 +87,7 @@ def model_folder(model: str) -> Path | None:
 
     :class:`BudgetError` for a path that does not exist (a hub id looks like ``org/name``).
     """
-    from rlf_trainer import models
+    from rlf_trainer.data import models
 
     model = (model or "").strip()
     if model == "tiny-qwen3":
@@ -129,7 +129,7 @@ def load_tokenizer(model: str) -> Any | None:
 def schema_tokens(tokenizer: Any, tools: list[dict[str, Any]]) -> int:
     """How many prompt tokens the tool schemas (OpenAI function format) add under the chat template.
 
-    The trainer's own count (:func:`rlf_trainer.budget.check_prompt_budget`) on a two-message chat.
+    The trainer's own count (:func:`rlf_trainer.observe.budget.check_prompt_budget`) on a two-message chat.
     """
     if not tools:
         return 0

@@ -29,7 +29,7 @@ from rlf_envs.info_keys import (
     TOOLS,
 )
 from rlf_envs.llm_client import OpenAIChatClient
-from rlf_envs.runtime import LoopThread
+from rlf_envs.loop_thread import LoopThread
 from rlf_studio.project import Project
 from rlf_studio.rewards import build_reward, load_spec
 

@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from rlf_envs.answers import extract_answer
+from rlf_envs.core.task import resolve_reward
 from rlf_envs.rewards.judge import JudgeReward
 from rlf_envs.rewards.rules import RULE_REWARDS
-from rlf_envs.task import resolve_reward
 from rlf_envs.types import Episode, TaskInstance
 
 RULES = ("exact_match", "f1", "contains", "math")

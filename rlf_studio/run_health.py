@@ -1,7 +1,7 @@
 """What the studio says about a run's health and pace: tripped checks, elapsed time and ETA.
 
-The trainer's health checks (:mod:`rlf_trainer.health`, docs/trainer.md) append one JSON line per
-tripped check to ``<run dir>/health.jsonl``: a :class:`~rlf_trainer.health.Trip`, ``{"step",
+The trainer's health checks (:mod:`rlf_trainer.observe.health`, docs/trainer.md) append one JSON line per
+tripped check to ``<run dir>/health.jsonl``: a :class:`~rlf_trainer.observe.health.Trip`, ``{"step",
 "check", "message", "hint"}``. A run without that file (an older trainer, or a healthy run) has
 tripped nothing.
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlf_trainer.health import HEALTH_FILE, Trip
+from rlf_trainer.observe.health import HEALTH_FILE, Trip
 
 
 def trip_words(trip: Trip) -> str:

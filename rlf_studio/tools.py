@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from rlf_envs.runtime import LoopThread
+from rlf_envs.loop_thread import LoopThread
 from rlf_envs.servers.launch import stdio_server_entry
 from rlf_envs.tools.mcp_config import MCPConfigError, load_mcp_config
 from rlf_envs.tools.mcp_pool import MCPServerStartError, MCPToolPool

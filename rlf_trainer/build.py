@@ -1,7 +1,9 @@
 """What a run is built from: model path, tokenizer, model, reference model, envs, policy.
 
-:class:`~rlf_trainer.trainer.GRPOTrainer` calls these once, in this order, and hands the pieces to
-the step (:class:`~rlf_trainer.collect.StepParts`).
+:class:`~rlf_trainer.trainer.Trainer` calls these once and hands the pieces to the steps as two
+state objects: :class:`~rlf_trainer.rollout.collect.RolloutState` (policy, envs, prompt stream)
+and :class:`~rlf_trainer.algorithms.optimize.Learner` (model, reference, optimizer, schedule).
+An evaluation (``evaluate_cli``) builds only the first.
 """
 
 from __future__ import annotations
@@ -9,15 +11,15 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from rlf_trainer.algorithms.optimize import Learner
 from rlf_trainer.config import Config, ConfigError
 from rlf_trainer.policy.base import Policy
-from rlf_trainer.schedule import lr_scheduler
+from rlf_trainer.run.schedule import lr_scheduler
 
 
 def resolve_model_path(config: Config) -> str:
@@ -26,7 +28,7 @@ def resolve_model_path(config: Config) -> str:
     prepare = config.model.prepare
     if prepare is None:
         return raw
-    from rlf_trainer import models
+    from rlf_trainer.data import models
 
     if prepare == "tiny-qwen3":
         return str(models.build_tiny_qwen3(raw or models.default_cache_dir() / "tiny-qwen3"))
@@ -167,35 +169,11 @@ def make_policy(config: Config, accelerator: Any, model: Any, tokenizer: Any, mo
     )
 
 
-def prompts_per_process(config: Config, processes: int) -> int:
-    """This process's share of ``rollout.prompts_per_step`` (every group stays on one process)."""
-    if config.rollout.prompts_per_step % processes:
-        raise ConfigError(
-            f"rollout.prompts_per_step={config.rollout.prompts_per_step} must be a multiple of "
-            f"the {processes} processes"
-        )
-    return config.rollout.prompts_per_step // processes
-
-
-@dataclass
-class TrainingModules:
-    """What the optimizer steps touch, prepared by Accelerate (the reference model is not: it would
-    be saved in every checkpoint)."""
-
-    model_path: str
-    tokenizer: Any
-    model: Any
-    ref_model: Any | None
-    optimizer: Any
-    scheduler: Any
-
-
-def training_modules(config: Config, accelerator: Any) -> TrainingModules:
-    """Model path (prepared once, by the main process first), tokenizer, policy model, the frozen
-    reference when ``algorithm.beta`` > 0 without LoRA, AdamW and the LR schedule."""
-    with accelerator.main_process_first():
-        model_path = resolve_model_path(config)
-    tokenizer = load_tokenizer(config, model_path)
+def learner(config: Config, accelerator: Any, model_path: str) -> Learner:
+    """The update's state: the policy model (LoRA and gradient checkpointing as configured), the
+    frozen reference when ``algorithm.beta`` > 0 without LoRA, AdamW and the LR schedule; the
+    model and optimizer prepared by Accelerate (the reference is not: it would be saved in every
+    checkpoint)."""
     model = load_model(config, model_path)
     ref_model = (
         load_reference(config, model_path) if config.algorithm.beta > 0 and not config.lora.enabled else None
@@ -203,12 +181,21 @@ def training_modules(config: Config, accelerator: Any) -> TrainingModules:
     o = config.optim
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad],
-        lr=o.lr, betas=(o.adam_beta1, o.adam_beta2), eps=o.adam_eps, weight_decay=o.weight_decay,
-    )  # fmt: skip
+        lr=o.lr,
+        betas=(o.adam_beta1, o.adam_beta2),
+        eps=o.adam_eps,
+        weight_decay=o.weight_decay,
+    )
     model, optimizer = accelerator.prepare(model, optimizer)
-    # Stepped by hand once per GRPO step (Accelerate's wrapper would step it once per process).
+    # Stepped by hand once per trainer step (Accelerate's wrapper would step it once per process).
     scheduler = lr_scheduler(optimizer, o, total_steps=config.max_steps)
     accelerator.register_for_checkpointing(scheduler)
     if ref_model is not None:  # a frozen full copy per process (bf16 under bf16 mixed precision)
         ref_model.to(accelerator.device)
-    return TrainingModules(model_path, tokenizer, model, ref_model, optimizer, scheduler)
+    return Learner(config, accelerator, model, ref_model, optimizer, scheduler)
+
+
+def prepared_model_path(config: Config, accelerator: Any) -> str:
+    """``model.path``, the offline model built first where asked (by the main process first)."""
+    with accelerator.main_process_first():
+        return resolve_model_path(config)

@@ -34,12 +34,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError) as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
-    from rlf_trainer.budget import PromptBudgetError
-    from rlf_trainer.health import HealthCheckFailed
-    from rlf_trainer.trainer import GRPOTrainer  # torch & co. load after the config is known to be good
+    from rlf_trainer.observe.budget import PromptBudgetError
+    from rlf_trainer.observe.health import HealthCheckFailed
+    from rlf_trainer.trainer import Trainer  # torch & co. load after the config is known to be good
 
     try:
-        trainer = GRPOTrainer(config)
+        trainer = Trainer(config)
         history = trainer.train()
     except (PromptBudgetError, HealthCheckFailed) as exc:
         print(f"rlf-train: {exc}", file=sys.stderr)

@@ -47,6 +47,7 @@ from rlf_trainer.config_sections import (
     Section,
     SFTConfig,
 )
+from rlf_trainer.names import clip_range
 
 
 class ConfigError(ValueError):
@@ -106,10 +107,12 @@ class Config(Section):
             raise ConfigError(
                 "algorithm.name=sft needs sft.data: a chat-messages JSONL file (rlf-collect writes one)"
             )
-        if algo.loss in ("grpo", "dr_grpo") and algo.clip_eps_high not in (None, algo.clip_eps_low):
+        try:
+            clip_range(algo.loss, algo.clip_eps_low, algo.clip_eps_high)
+        except ValueError:  # the rule is clip_range's; the wording names the config's keys
             raise ConfigError(
                 f"{algo.loss} clips symmetrically: leave algorithm.clip_eps_high unset or use algorithm.loss=dapo"
-            )
+            ) from None
         if algo.overlong_buffer > rollout.max_new_tokens:
             raise ConfigError(
                 f"algorithm.overlong_buffer must be in [0, rollout.max_new_tokens] "
@@ -133,22 +136,20 @@ class Config(Section):
                 "rollout.overlap needs policy.backend=vllm: the HF policy generates with the very "
                 "module being trained, so the next rollout cannot run during the update"
             )
+        env_turns = self.env.kwargs.get("max_turns")
+        if rollout.max_turns is not None and env_turns is not None and env_turns != rollout.max_turns:
+            raise ConfigError(
+                f"max_turns is set twice, rollout.max_turns={rollout.max_turns} and "
+                f"env.kwargs.max_turns={env_turns}: drop one (rollout.max_turns is passed to the env)"
+            )
+        # `auto` and None are resolved here, once, so the run (and its config.yaml) has one value.
+        if (
+            rollout.mode == "auto"
+        ):  # async needs a continuously batching engine; HF generate is batch-synchronous
+            rollout.mode = "async" if self.policy.backend == "vllm" else "lockstep"
+        if algo.tis_cap is None:  # the overlap's one-step-stale samples need the correction
+            algo.tis_cap = 2.0 if rollout.overlap else 0.0
         return self
-
-    @property
-    def rollout_mode(self) -> str:
-        """``rollout.mode`` with ``auto`` resolved: async on vLLM, lockstep on HF."""
-        if self.rollout.mode != "auto":
-            return self.rollout.mode
-        return "async" if self.policy.backend == "vllm" else "lockstep"
-
-    @property
-    def tis_cap(self) -> float:
-        """``algorithm.tis_cap`` with None resolved (2.0 under overlap, else 0 = off)."""
-        cap = self.algorithm.tis_cap
-        if cap is None:
-            return 2.0 if self.rollout.overlap else 0.0
-        return cap
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict (YAML/JSON-friendly where the values are)."""

@@ -76,12 +76,14 @@ class RolloutConfig(Section):
     """How episodes are sampled: ``prompts_per_step`` prompts x ``algorithm.group_size`` samples a step.
 
     ``max_new_tokens`` is the budget of one assistant turn, ``max_total_tokens`` of a whole episode
-    (prompt + every turn + tool results); ``max_turns`` (when set) is passed to the env.
+    (prompt + every turn + tool results); ``max_turns`` (when set) is passed to the env (setting
+    ``env.kwargs.max_turns`` to another value as well is an error).
 
     ``mode``: ``lockstep`` (one batched generate per turn over every live episode, then one
     ``envs.step``), ``async`` (one coroutine per episode: its next turn is submitted to the
     continuously batching engine the moment its tool results are back; no per-turn barrier), or
-    ``auto`` (async on the vLLM backend, lockstep on HF, whose ``generate`` is batch-synchronous).
+    ``auto`` (async on the vLLM backend, lockstep on HF, whose ``generate`` is batch-synchronous;
+    ``Config.validate`` writes the choice in).
     ``max_concurrent_episodes`` caps the episodes in flight in async mode (None: all).
     ``overlap``: the rollout of step k+1 runs while step k trains (vLLM backend; staleness 1,
     corrected by ``algorithm.tis_cap``); steps that follow an eval or a checkpoint sample on-policy,
@@ -103,7 +105,7 @@ class RolloutConfig(Section):
 
 
 class AlgorithmConfig(Section):
-    """The GRPO-family objective (see :mod:`rlf_trainer.losses`).
+    """The GRPO-family objective (see :mod:`rlf_trainer.algorithms.losses`).
 
     ``clip_eps_low/high`` None = the variant's defaults. ``normalize_std`` None = True except for
     dr_grpo. ``beta`` > 0 adds ``beta * KL(pi || pi_ref)`` with ``kl_estimator`` and loads a reference
@@ -113,12 +115,12 @@ class AlgorithmConfig(Section):
     as verl does), ``"rollout"`` uses the sampler's recorded logprobs.
     ``tis_cap``: weight each token's surrogate by ``min(pi_theta / pi_sampler, tis_cap)``
     (truncated importance sampling against the sampler's logprobs); None = 2.0 under
-    ``rollout.overlap`` and off otherwise, 0 = off.
+    ``rollout.overlap`` and off otherwise, 0 = off (``Config.validate`` writes the value in).
     ``max_refill_rounds``: with ``dynamic_sampling``, roll out up to this many extra batches of new
     prompts to replace the dropped groups, so the update trains on a full batch (0: train on fewer).
     ``turn_rewards``: how per-turn env rewards become token advantages (``sum``: one advantage per
     episode over its return; ``discounted`` / ``per_turn_advantage`` with ``turn_discount``), see
-    :mod:`rlf_trainer.advantages`.
+    :mod:`rlf_trainer.algorithms.advantages`.
     ``num_iterations`` (TRL's name, CleanRL's ``update_epochs``): optimizer passes over each batch;
     pi_old is frozen before the first, so from the second on the clip acts.
     ``mini_batches`` (verl's ``train_batch_size / ppo_mini_batch_size``): optimizer steps per pass,
@@ -148,6 +150,12 @@ class AlgorithmConfig(Section):
     overlong_buffer: int = Field(0, ge=0)
     overlong_penalty_factor: Number = Field(1.0, ge=0)
 
+    @property
+    def ratio_is_one(self) -> bool:
+        """One optimizer step per batch with pi_old taken from that step's own forward pass: the
+        ratio is exactly 1, nothing is clipped, and the clip diagnostics are constant."""
+        return self.num_iterations == 1 and self.mini_batches == 1 and self.old_logprobs == "recompute"
+
 
 class SFTConfig(Section):
     """``algorithm.name: sft``: supervised fine-tuning on ``data`` (chat-messages JSONL, e.g. from
@@ -158,7 +166,7 @@ class SFTConfig(Section):
 
 
 class OptimConfig(Section):
-    """AdamW with warmup and a schedule (``transformers.get_scheduler``, see :mod:`rlf_trainer.schedule`).
+    """AdamW with warmup and a schedule (``transformers.get_scheduler``, see :mod:`rlf_trainer.run.schedule`).
 
     ``gradient_accumulation_steps``: each process's batch is split into this many micro-batches per
     optimizer step (micro-batch size = ceil(sequences per process / steps)).
@@ -278,7 +286,7 @@ HealthCheckName = Literal[
 
 
 class HealthConfig(Section):
-    """Training-health checks on each step's metrics (:mod:`rlf_trainer.health`; docs/trainer.md has the table).
+    """Training-health checks on each step's metrics (:mod:`rlf_trainer.observe.health`; docs/trainer.md has the table).
 
     A tripped check is logged as ``health/<name>`` = 1, printed once and appended to
     ``<run dir>/health.jsonl``; the checks named in ``fail_on`` stop the run. ``patience``: steps a

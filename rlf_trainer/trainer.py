@@ -1,8 +1,11 @@
-"""GRPOTrainer: the plumbing around the GRPO step (setup, checkpoints, logging, evaluation).
+"""Trainer: the plumbing around a GRPO or SFT step (setup, checkpoints, logging, evaluation).
 
-The step itself, rollout -> advantages -> micro-batched loss -> optimizer step -> weight sync,
-reads top to bottom in :mod:`rlf_trainer.grpo`; :meth:`GRPOTrainer.train_step` calls it with the
-:class:`~rlf_trainer.grpo.StepParts` built here once (model, optimizer, scheduler, policy, envs).
+The GRPO step, rollout -> advantages -> micro-batched loss -> optimizer step -> weight sync, reads
+top to bottom in :mod:`rlf_trainer.algorithms.grpo`, the SFT step in
+:mod:`rlf_trainer.algorithms.sft`; :meth:`Trainer.train_step` calls one of them with the two state
+objects built here once: ``rollout`` (:class:`~rlf_trainer.rollout.collect.RolloutState`: policy,
+envs, prompt stream) and ``learner`` (:class:`~rlf_trainer.algorithms.optimize.Learner`: model,
+reference, optimizer, LR schedule).
 
 Everything random in a step is a function of ``(seed, step)`` (:mod:`rlf_trainer.prompts` picks the
 prompts, :func:`rlf_trainer.seeds.sample_seed` seeds every request),
@@ -10,8 +13,8 @@ so resuming from a checkpoint reproduces the steps of an uninterrupted run.
 
 Example:
     >>> from rlf_trainer.config import load_config
-    >>> trainer = GRPOTrainer(load_config("examples/configs/tiny_test.yaml"))   # doctest: +SKIP
-    >>> history = trainer.train()                                                # doctest: +SKIP
+    >>> trainer = Trainer(load_config("examples/configs/tiny_test.yaml"))  # doctest: +SKIP
+    >>> history = trainer.train()  # a run of minutes: tests/test_trainer.py runs it  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -23,14 +26,16 @@ from typing import Any
 
 from accelerate.utils import gather_object
 
-from rlf_trainer import build, distributed, grpo
-from rlf_trainer import checkpoint as ckpt
-from rlf_trainer.budget import check_run_budget
+from rlf_trainer import build
+from rlf_trainer.algorithms import grpo
+from rlf_trainer.algorithms.optimize import sync_weights
+from rlf_trainer.algorithms.sft import sft_step
+from rlf_trainer.algorithms.sft_data import load_sft_examples
 from rlf_trainer.config import Config, ConfigError, dump_config
-from rlf_trainer.evaluation import evaluate
-from rlf_trainer.forward import full_parameters
-from rlf_trainer.health import HealthLog, HealthMonitor
-from rlf_trainer.metrics import (
+from rlf_trainer.observe.budget import check_run_budget
+from rlf_trainer.observe.evaluation import evaluate
+from rlf_trainer.observe.health import HealthLog, HealthMonitor
+from rlf_trainer.observe.metrics import (
     MetricsHistory,
     append_jsonl,
     drop_records_after,
@@ -38,12 +43,14 @@ from rlf_trainer.metrics import (
     rollout_metrics,
     sample_records,
 )
+from rlf_trainer.observe.progress import flat_hparams, step_printer
 from rlf_trainer.policy.base import Policy, inference_state_dict
-from rlf_trainer.progress import flat_hparams, step_printer
 from rlf_trainer.prompts import PromptSampler
-from rlf_trainer.rollout_batch import RolloutBatch
-from rlf_trainer.sft import sft_step
-from rlf_trainer.sft_data import load_sft_examples
+from rlf_trainer.rollout.batch import RolloutBatch
+from rlf_trainer.rollout.collect import Prefetch, RolloutState, episodes_per_process
+from rlf_trainer.run import checkpoint as ckpt
+from rlf_trainer.run import distributed
+from rlf_trainer.run.distributed import full_parameters
 
 logger = logging.getLogger(__name__)
 
@@ -64,12 +71,12 @@ def eval_due(step: int, every: int, max_steps: int) -> bool:
     return every > 0 and (step % every == 0 or step == max_steps)
 
 
-class GRPOTrainer:
+class Trainer:
     """Builds everything a run needs from a :class:`~rlf_trainer.config.Config`; :meth:`train` runs it.
 
     Attributes worth reading after a step: ``step`` (optimizer steps done), ``history``
-    (:class:`~rlf_trainer.metrics.MetricsHistory`), ``last_batch`` (the last training
-    :class:`~rlf_trainer.rollout.RolloutBatch`), ``run_dir``.
+    (:class:`~rlf_trainer.observe.metrics.MetricsHistory`), ``last_batch`` (the last training
+    :class:`~rlf_trainer.rollout.lockstep.RolloutBatch`), ``run_dir``.
     """
 
     def __init__(self, config: Config) -> None:
@@ -86,23 +93,22 @@ class GRPOTrainer:
         )
         acc = self.accelerator
         set_seed(config.seed)
-        self.local_prompts = build.prompts_per_process(config, acc.num_processes)
-        self.group_size = config.algorithm.group_size
+        local_episodes = episodes_per_process(config, acc.num_processes)
         if acc.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             dump_config(config, self.run_dir / "config.yaml")
 
-        modules = build.training_modules(config, acc)
-        self.model_path, self.tokenizer = modules.model_path, modules.tokenizer
-        self.model, self.ref_model = modules.model, modules.ref_model
-        self.optimizer, self.scheduler = modules.optimizer, modules.scheduler
+        self.model_path = build.prepared_model_path(config, acc)
+        self.tokenizer = build.load_tokenizer(config, self.model_path)
+        self.learner = build.learner(config, acc, self.model_path)
+        self.model = self.learner.model
 
         self.step = 0
         self.history = MetricsHistory()
         self.last_batch: RolloutBatch | None = None
         self._last_saved_step: int | None = None
         self._last_eval_step: int | None = None
-        self.envs = build.make_envs(config, self.local_prompts * self.group_size)
+        self.envs = build.make_envs(config, local_episodes)
         try:  # the envs run tool-server processes: never leave them behind on a failed start
             # before step 1 (and before a vLLM engine starts): a prompt over the budget is an error
             self.budget = check_run_budget(
@@ -111,11 +117,10 @@ class GRPOTrainer:
             self.health = HealthMonitor(config.health, max_total_tokens=config.rollout.max_total_tokens,
                                         tool_schema_tokens=self.budget.tool_schema_tokens)  # fmt: skip
             self.health_log = HealthLog(self.run_dir if acc.is_main_process else None, config.health.fail_on)
-            self.sampler = PromptSampler(build.num_train_tasks(config, self.envs), config.seed)
+            sampler = PromptSampler(build.num_train_tasks(config, self.envs), config.seed)
             self.policy: Policy = build.make_policy(config, acc, self.model, self.tokenizer, self.model_path)
-            self.parts = grpo.StepParts(config, acc, self.model, self.ref_model, self.optimizer, self.scheduler,
-                                        self.policy, self.envs, self.sampler, self.local_prompts)  # fmt: skip
-            self.prefetch = grpo.Prefetch() if config.rollout.overlap else None
+            self.rollout = RolloutState(config, acc, self.policy, self.envs, sampler)
+            self.prefetch = Prefetch() if config.rollout.overlap else None
             self.sft_data, self.sft_sampler = self._load_sft_data()
             self._resume()
             # after a resume, TensorBoard hides the events a stopped run logged past the checkpoint
@@ -143,7 +148,7 @@ class GRPOTrainer:
         """Where the run's data stream stands after ``step`` steps (the prompts, or the SFT examples)."""
         if self.sft_sampler is not None:
             return self.sft_sampler.state(step, self.config.sft.batch_size)
-        return self.sampler.state(step, self.config.rollout.prompts_per_step)
+        return self.rollout.sampler.state(step, self.config.rollout.prompts_per_step)
 
     def _resume(self) -> None:
         path = ckpt.resolve_resume(self.config.checkpoint.resume, self.config.checkpoint_dir)
@@ -167,7 +172,7 @@ class GRPOTrainer:
         self.health.replay(self.history.records)
         self._last_saved_step = self.step
         self._last_eval_step = state.get("last_eval_step")
-        grpo.sync_weights(self.parts)
+        sync_weights(self.learner, self.policy)
         if self.accelerator.is_main_process:
             for name in ("train_samples.jsonl", "eval_samples.jsonl"):
                 drop_records_after(self.run_dir / name, self.step)
@@ -203,7 +208,7 @@ class GRPOTrainer:
         return self.history
 
     def train_step(self) -> dict[str, float]:
-        """One GRPO step (:func:`rlf_trainer.grpo.train_step`); returns its metrics (mean over processes)."""
+        """One GRPO step (:func:`rlf_trainer.algorithms.grpo.train_step`); returns its metrics (mean over processes)."""
         cfg = self.config
         next_step = self.step + 1
         # Overlap never reaches across an eval or a checkpoint: the step after one samples
@@ -215,10 +220,12 @@ class GRPOTrainer:
             and not (cfg.checkpoint.every and next_step % cfg.checkpoint.every == 0)
         )
         if self.sft_data is not None:
-            metrics = sft_step(self.parts, self.sft_data, self.sft_sampler, self.step)
+            metrics = sft_step(self.learner, self.policy, self.sft_data, self.sft_sampler, self.step)
             self.step = next_step
             return distributed.mean_over_processes(self.accelerator, metrics)
-        batch, metrics = grpo.train_step(self.parts, self.step, self.prefetch, prefetch_next=prefetch_next)
+        batch, metrics = grpo.train_step(
+            self.rollout, self.learner, self.step, self.prefetch, prefetch_next=prefetch_next
+        )
         self.step = next_step
         self.last_batch = batch
         metrics = distributed.mean_over_processes(self.accelerator, metrics)
@@ -239,9 +246,9 @@ class GRPOTrainer:
         return metrics
 
     def evaluate(self) -> dict[str, float]:
-        """``eval.num_prompts`` test prompts, one sample each (:func:`rlf_trainer.evaluation.evaluate`)."""
+        """``eval.num_prompts`` test prompts, one sample each (:func:`rlf_trainer.observe.evaluation.evaluate`)."""
         self._last_eval_step = self.step
-        return evaluate(self.parts, self.step, self.run_dir)
+        return evaluate(self.rollout, self.step, self.run_dir / "eval_samples.jsonl")
 
     # ------------------------------------------------------------------------------ bookkeeping
     def save_checkpoint(self) -> Path:

@@ -36,7 +36,7 @@ for spec in "1:$ONE_HOP" "2:$TWO_HOP"; do
   hops=${spec%%:*}
   count=${spec##*:}
   if [[ "$count" -gt 0 ]]; then
-    python -m rlf_trainer.demonstrations_cli RLF/DeepSearch-v0 --agent deepsearch-oracle --where "hops=$hops" \
+    python -m rlf_trainer.data.demonstrations_cli RLF/DeepSearch-v0 --agent deepsearch-oracle --where "hops=$hops" \
       --sample "$count" --seed "$SEED" --env-kwargs '{"world_seed": 0, "max_turns": 4, "top_k": 2}' \
       --out "$RUN/sft_data.jsonl" --resume
   fi

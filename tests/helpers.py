@@ -36,8 +36,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from rlf_envs.loop_thread import LoopThread as EnvLoopThread
 from rlf_envs.rewards.rules import exact_match
-from rlf_envs.runtime import LoopThread as EnvLoopThread
 
 REPO = Path(__file__).resolve().parents[1]
 MCP_FIXTURES = REPO / "tests" / "mcp_fixtures"
@@ -284,7 +284,7 @@ TINY_MODEL_KWARGS: dict[str, Any] = {
 
 def build_tiny_model(root: str | Path) -> Path:
     """The tiny Qwen3 every trainer test uses, built (or reused) under ``root``."""
-    from rlf_trainer.models import build_tiny_qwen3
+    from rlf_trainer.data.models import build_tiny_qwen3
 
     return build_tiny_qwen3(Path(root) / "tiny-qwen3", **TINY_MODEL_KWARGS)
 
@@ -370,7 +370,7 @@ def tool_calling_model_path(steps: int = 300) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlf_trainer import chat
+    from rlf_trainer.rollout import chat
 
     base = tiny_model_path()
     out = base.parent / f"tiny-qwen3-sleep-caller-{steps}"
@@ -398,7 +398,7 @@ def _latency_env_prompts(tokenizer: Any) -> list[list[int]]:
     import gymnasium as gym
 
     from rlf_envs.servers.launch import stdio_server_entry
-    from rlf_trainer import chat
+    from rlf_trainer.rollout import chat
 
     words = ("ping", "pong", "zorvia", "velmora", "quill", "arbor", "lumen", "brisk")
     env = gym.make(
@@ -424,7 +424,7 @@ def echo_prompts(tokenizer: Any) -> list[list[int]]:
     """The first-turn prompt ids of RLF/ToolUse-v0 on tiny_test.yaml's echo questions, without tools."""
     import gymnasium as gym
 
-    from rlf_trainer import chat
+    from rlf_trainer.rollout import chat
 
     tasks = [
         {"id": f"t{i}", "question": f"Echo the word {w}.", "answer": w} for i, w in enumerate(ANSWER_WORDS)
@@ -449,7 +449,7 @@ def answering_model_path(steps: int = 96) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlf_trainer import chat
+    from rlf_trainer.rollout import chat
 
     base = tiny_model_path()
     out = base.parent / f"tiny-qwen3-answerer-{steps}"

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from rlf_trainer.advantages import returns_to_go, spread_over_tokens, turn_advantages
+from rlf_trainer.algorithms.advantages import returns_to_go, spread_over_tokens, turn_advantages
 
 
 def token_advantages(turn_rewards, spans, width, group_size, **kwargs):

@@ -12,7 +12,7 @@ import aiohttp
 import gymnasium as gym
 
 import rlf_envs  # noqa: F401
-from rlf_envs.env import ToolEnv
+from rlf_envs.core.env import ToolEnv
 from rlf_envs.servers.agent import agent_server_config
 from rlf_envs.tasks.deepsearch.summarizer import (
     SUMMARIZE_SYSTEM_PROMPT,

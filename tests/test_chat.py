@@ -11,7 +11,8 @@ import json
 
 import pytest
 
-from rlf_trainer.chat import (
+from rlf_trainer.data.models import default_cache_dir
+from rlf_trainer.rollout.chat import (
     TemplateNotPrefixStableError,
     encode,
     plain_messages,
@@ -21,7 +22,6 @@ from rlf_trainer.chat import (
     template_supports_tools,
     tool_delta_ids,
 )
-from rlf_trainer.models import default_cache_dir
 
 # SmolLM2-135M-Instruct's template: plain ChatML, a default system prompt, no tool support.
 CHATML_ONLY_TEMPLATE = (

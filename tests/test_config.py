@@ -134,6 +134,10 @@ TOP_KEYS = (
             "grpo clips symmetrically: leave algorithm.clip_eps_high unset or use algorithm.loss=dapo",
         ),
         (
+            ["rollout.max_turns=3", "env.kwargs.max_turns=5"],
+            "max_turns is set twice, rollout.max_turns=3 and env.kwargs.max_turns=5: drop one",
+        ),
+        (
             ["algorithm.loss=gspo", "algorithm.turn_rewards=discounted"],
             "gspo has one ratio per sequence: algorithm.turn_rewards must be 'sum'",
         ),
@@ -157,6 +161,14 @@ def test_every_wrong_key_is_reported_at_once():
         "  optim.lr must be > 0\n"
         f"  unknown key 'optim.lrr' (did you mean 'optim.lr'?); valid keys in 'optim': {OPTIM_KEYS}"
     )
+
+
+def test_validate_writes_in_the_one_value_of_auto_and_null_settings():
+    hf = load_config(None, ["model.path=m", "rollout.max_turns=3", "env.kwargs.max_turns=3"])
+    assert (hf.rollout.mode, hf.algorithm.tis_cap) == ("lockstep", 0.0)  # the same max_turns twice is fine
+    overlap = load_config(None, ["model.path=m", "policy.backend=vllm", "rollout.overlap=true"])
+    assert (overlap.rollout.mode, overlap.algorithm.tis_cap) == ("async", 2.0)
+    assert not hasattr(overlap, "tis_cap") and not hasattr(overlap, "rollout_mode")
 
 
 def test_from_dict_checks_types_but_leaves_cross_field_rules_to_validate():

@@ -10,11 +10,11 @@ from gymnasium.utils.env_checker import check_env
 from gymnasium.vector import AutoresetMode
 
 import rlf_envs  # noqa: F401  (registers the ids)
-from rlf_envs.env import ToolEnv
-from rlf_envs.task import FunctionTask
+from rlf_envs.core.env import ToolEnv
+from rlf_envs.core.task import FunctionTask
+from rlf_envs.core.vector import ToolVectorEnv
 from rlf_envs.tasks.tool_use import make_tool_use_task
 from rlf_envs.types import TaskInstance
-from rlf_envs.vector import ToolVectorEnv
 
 TASKS = [{"id": f"q{i}", "question": f"What is {i} squared?", "answer": str(i * i)} for i in range(10)]
 

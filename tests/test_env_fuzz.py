@@ -6,9 +6,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rlf_envs.core.vector import ToolVectorEnv
 from rlf_envs.tasks.tool_use import make_tool_use_task
 from rlf_envs.types import ErrorKind
-from rlf_envs.vector import ToolVectorEnv
 
 TASKS = [{"question": f"q{i}", "answer": str(i)} for i in range(4)]
 

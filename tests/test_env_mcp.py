@@ -161,7 +161,7 @@ def test_module_form_needs_no_import_and_envs_never_import_torch():
         "import sys, gymnasium as gym\n"
         "env = gym.make('envs_registry:RLF/ToolUse-v0', tasks=[{'question': 'q'}])\n"
         "print(env.reset(seed=0)[0]); env.close()\n"
-        "import rlf_envs.vector, rlf_bench.env_bench, rlf_envs.tasks.deepsearch.task\n"
+        "import rlf_envs.core.vector, rlf_bench.env_bench, rlf_envs.tasks.deepsearch.task\n"
         "import rlf_envs.integrations.trl_environment\n"
         "print(sorted(m for m in ('torch', 'transformers', 'trl', 'vllm', 'rlf_trainer') if m in sys.modules))"
     )

@@ -1,8 +1,7 @@
 """The shared env runtime: per-env seeding, the settings both env classes take, the info keys' docs,
-the registered ids' one factory, and the renamed names' deprecated aliases."""
+the registered ids' one factory."""
 
 import asyncio
-import warnings
 
 import gymnasium as gym
 import pytest
@@ -10,14 +9,13 @@ import pytest
 import rlf_envs
 from envs_registry import ENV_IDS
 from rlf_envs import info_keys
-from rlf_envs.env import ToolEnv
-from rlf_envs.env_runtime import EnvSettings
+from rlf_envs.core.env import ToolEnv
+from rlf_envs.core.env_runtime import EnvSettings
+from rlf_envs.core.task import DialogueTask, FunctionTask, default_user_simulator_for, user_instructions_for
+from rlf_envs.core.vector import ToolVectorEnv
 from rlf_envs.factories import build_task
-from rlf_envs.task import DialogueTask, FunctionTask, default_user_simulator_for, user_instructions_for
 from rlf_envs.tasks.tool_use import make_tool_use_task
-from rlf_envs.tools.toolbox import ToolBox
-from rlf_envs.types import Episode, TaskInstance
-from rlf_envs.vector import ToolVectorEnv
+from rlf_envs.types import TaskInstance
 from tests.helpers import REPO
 
 # Many instances, so that two different draws almost never pick the same one by chance.
@@ -196,15 +194,5 @@ def test_dialogue_hooks_only_on_dialogue_tasks():
     assert user_instructions_for(Shop(), instance) == "only this"
 
 
-def test_renamed_names_keep_a_deprecated_alias():
-    instance = TaskInstance("0", "q", "a")
-    episode = Episode(instance, [], "", None, [], 1, True, False)
-    with pytest.warns(DeprecationWarning, match="Episode.instance"):
-        assert episode.task is instance
-    with pytest.warns(DeprecationWarning, match="tool_timeout_s"):
-        box = ToolBox(python_tools=[count], default_timeout_s=3.0)
-    assert box.providers[0].tool_timeout_s == 3.0
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert ToolBox(python_tools=[count], tool_timeout_s=4.0).providers[0].tool_timeout_s == 4.0
+def test_the_package_exports_its_env_ids():
     assert "ENV_IDS" in rlf_envs.__all__

@@ -31,7 +31,8 @@ def run_dry(tmp_path) -> dict:
     return report
 
 
-def check_common(report: dict) -> None:
+def check_report_shape(report: dict) -> None:
+    """Report-shape checks: the keys the GPU check writes and the ratios it derives from its own figures."""
     assert report["shape"]["dry"] is True
     steps = report["grpo"]["steps"]
     assert [step["step"] for step in steps] == [1, 2]
@@ -56,7 +57,7 @@ def check_common(report: dict) -> None:
 @pytest.mark.skipif(HAS_VLLM, reason="the vLLM venv runs the vLLM variant below")
 def test_dry_run_without_vllm_falls_back_to_hf(tmp_path):
     report = run_dry(tmp_path)
-    check_common(report)
+    check_report_shape(report)
     assert report["generate"]["skipped"] == "vllm is not installed on this machine"
     assert report["grpo"]["backend"] == ["policy.backend=hf"] and report["rollout"]["policy"] == "HFPolicy"
 
@@ -66,7 +67,7 @@ def test_dry_run_without_vllm_falls_back_to_hf(tmp_path):
 @pytest.mark.skipif(not HAS_VLLM, reason="needs vllm (scripts/install_vllm_cpu.sh)")
 def test_dry_run_on_vllm(tmp_path):
     report = run_dry(tmp_path)
-    check_common(report)
+    check_report_shape(report)
     generate = report["generate"]  # measured figures: the check is that the ratio is theirs
     assert generate["policy_over_raw"] == pytest.approx(
         generate["policy_tokens_per_s"] / generate["raw_tokens_per_s"]

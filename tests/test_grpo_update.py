@@ -16,11 +16,11 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from rlf_trainer.collect import StepParts
+from rlf_trainer.algorithms.grpo import update
+from rlf_trainer.algorithms.optimize import Learner
 from rlf_trainer.config import from_dict
-from rlf_trainer.grpo import update
-from rlf_trainer.rollout_batch import RolloutBatch
-from rlf_trainer.trajectory import EpisodeStats
+from rlf_trainer.rollout.batch import RolloutBatch
+from rlf_trainer.rollout.trajectory import EpisodeStats
 
 ADVANTAGES = (0.5, 0.25)
 
@@ -59,17 +59,13 @@ def run_update(
     optimizer_steps: list[int] = []
     optimizer.register_step_post_hook(lambda *_: optimizer_steps.append(1))
     model, optimizer = accelerator.prepare(model, optimizer)
-    parts = StepParts(
+    learner = Learner(
         config=config,
         accelerator=accelerator,
         model=model,
         ref_model=None,
         optimizer=optimizer,
         scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0),
-        policy=None,  # type: ignore[arg-type]  # update() never samples
-        envs=None,
-        sampler=None,  # type: ignore[arg-type]
-        local_prompts=1,
     )
     batch = RolloutBatch(
         input_ids=torch.tensor([[0, 0], [0, 1]]),
@@ -82,7 +78,7 @@ def run_update(
         timings={},
     )
     per_token = torch.tensor([[0.0, advantages[0]], [0.0, advantages[1]]])
-    metrics = update(parts, batch, per_token, keep=[0, 1])
+    metrics = update(learner, batch, per_token, keep=[0, 1])
     inner = accelerator.unwrap_model(model)
     return inner.bias.detach().clone(), metrics, inner, len(optimizer_steps)
 
@@ -161,7 +157,7 @@ def test_a_batch_without_signal_forwards_stand_ins_and_still_steps_the_optimizer
 
 
 def test_a_kl_penalty_forwards_every_episode():
-    from rlf_trainer.grpo import with_signal
+    from rlf_trainer.algorithms.grpo import with_signal
 
     parts = SimpleNamespace(config=from_dict({"model": {"path": "unused"}, "algorithm": {"beta": 0.1}}))
     rows = np.array([0, 1])

@@ -1,6 +1,6 @@
-"""rlf_trainer.health: every check trips on the metric stream of its pathology, and only then.
+"""rlf_trainer.observe.health: every check trips on the metric stream of its pathology, and only then.
 
-The streams are what :func:`rlf_trainer.metrics.rollout_metrics` and the GRPO step log; the
+The streams are what :func:`rlf_trainer.observe.metrics.rollout_metrics` and the GRPO step log; the
 documented codebook runs (docs/learning_runs) must trip nothing. Runs of the real trainer on the
 tiny model (a greedy policy, a format-only reward, a healthy policy) are in
 tests/test_health_runs.py.
@@ -15,9 +15,9 @@ import pytest
 
 from rlf_trainer.config import ConfigError, load_config
 from rlf_trainer.config_sections import HealthConfig
-from rlf_trainer.health import CHECK_NAMES, HINTS, HealthCheckFailed, HealthLog, HealthMonitor
-from rlf_trainer.metrics import rollout_metrics
-from rlf_trainer.trajectory import EpisodeStats
+from rlf_trainer.observe.health import CHECK_NAMES, HINTS, HealthCheckFailed, HealthLog, HealthMonitor
+from rlf_trainer.observe.metrics import rollout_metrics
+from rlf_trainer.rollout.trajectory import EpisodeStats
 from tests.helpers import REPO
 
 

@@ -23,15 +23,15 @@ import pytest
 import torch
 
 from rlf_envs.servers.launch import stdio_server_entry
-from rlf_trainer import chat
-from rlf_trainer.budget import PromptBudgetError, check_prompt_budget, env_prompts
 from rlf_trainer.config_sections import HealthConfig
-from rlf_trainer.health import CHECK_NAMES, HealthCheckFailed, HealthMonitor
-from rlf_trainer.metrics import rollout_metrics
+from rlf_trainer.observe.budget import PromptBudgetError, check_prompt_budget, env_prompts
+from rlf_trainer.observe.health import CHECK_NAMES, HealthCheckFailed, HealthMonitor
+from rlf_trainer.observe.metrics import rollout_metrics
 from rlf_trainer.policy.base import SamplingParams
 from rlf_trainer.policy.hf import HFPolicy
-from rlf_trainer.rollout import run_rollout
-from rlf_trainer.trainer import GRPOTrainer
+from rlf_trainer.rollout import chat
+from rlf_trainer.rollout.lockstep import run_rollout
+from rlf_trainer.trainer import Trainer
 from tests.helpers import ANSWER_WORDS, answering_model_path, tiny_config, train_py_command
 
 pytestmark = pytest.mark.timeout(900)
@@ -60,7 +60,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 def format_only_reward(episode: Any) -> dict[str, float]:
     """Pays for answering at all (a format reward), nothing for the answer being right."""
     said = float(bool(episode.final_response.strip()))
-    return {"reward": said, "format": said, "em": float(episode.final_answer == episode.task.answer)}
+    return {"reward": said, "format": said, "em": float(episode.final_answer == episode.instance.answer)}
 
 
 # ------------------------------------------------------------------------------------------ budget
@@ -125,7 +125,7 @@ def test_a_prompt_over_budget_makes_every_episode_silent_and_trips_over_budget(t
 def test_a_policy_that_never_varies_has_no_learning_signal_and_fail_on_stops_it(tiny_model_dir, tmp_path):
     config = run_without_tools(tiny_model_dir, tmp_path, "greedy", "rollout.temperature=0", "health.patience=2",
                                "health.fail_on=[no_learning_signal]")  # fmt: skip
-    trainer = GRPOTrainer(config)
+    trainer = Trainer(config)
     with pytest.raises(
         HealthCheckFailed, match=r"health check 'no_learning_signal' failed at step 2 .*all-equal"
     ):
@@ -166,11 +166,11 @@ def test_a_reward_paying_only_for_format_trips_reward_off_goal(tiny_model, tiny_
 def test_an_engine_not_given_new_weights_trips_sampler_mismatch(tiny_model_dir, tmp_path):
     """The policy generates with a frozen copy of the start weights while the trainer's copy learns."""
     config = run_without_tools(tiny_model_dir, tmp_path, "stale", "optim.lr=0.05", "max_steps=2")
-    trainer = GRPOTrainer(config)
+    trainer = Trainer(config)
     frozen = type(trainer.accelerator.unwrap_model(trainer.model)).from_pretrained(
         tiny_model_dir, dtype=torch.float32
     )
-    trainer.policy = trainer.parts.policy = HFPolicy(frozen, trainer.tokenizer)
+    trainer.policy = trainer.rollout.policy = HFPolicy(frozen, trainer.tokenizer)
     history = trainer.train()
     kl = [r["sampler_kl"] for r in history.records]
     assert abs(kl[0]) < 1e-4 and kl[1] > 0.05  # step 1 samples the start weights; step 2 should not
@@ -186,7 +186,7 @@ def test_a_healthy_tiny_run_trips_nothing(tmp_path):
         answering_model_path(), tmp_path, "healthy", "max_steps=4", "algorithm.group_size=4"
     )
     config.env.kwargs["reward"] = "exact_match"
-    history = GRPOTrainer(config).train()
+    history = Trainer(config).train()
     assert len(history.records) == 4
     flags = {name: [r[f"health/{name}"] for r in history.records] for name in CHECK_NAMES}
     assert flags == {name: [0.0] * 4 for name in CHECK_NAMES}

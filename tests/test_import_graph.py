@@ -27,7 +27,7 @@ ENV_LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "rlf_envs.types",
             "rlf_envs.answers",
-            "rlf_envs.runtime",
+            "rlf_envs.loop_thread",
             "rlf_envs.spaces",
             "rlf_envs.llm_client",
             "rlf_envs.info_keys",
@@ -37,10 +37,7 @@ ENV_LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "services",
         ("rlf_envs.tools", "rlf_envs.rewards", "rlf_envs.servers", "rlf_envs.isolation", "rlf_envs.dialogue"),
     ),
-    (
-        "core",
-        ("rlf_envs.task rlf_envs.episode rlf_envs.env_runtime rlf_envs.env rlf_envs.vector",),
-    ),  # one component
+    ("core", ("rlf_envs.core",)),  # the contract: task, episode, env runtime, env, vector env
     (
         "tasks",
         (
@@ -55,6 +52,24 @@ ENV_LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ),  # fmt: skip
     ("registry", ("rlf_envs",)),  # the package itself: `import rlf_envs` registers the ids
     ("entry", ("rlf_envs.factories", "rlf_envs.demo", "rlf_envs.integrations")),
+]
+
+# rlf_trainer, bottom to top, by the same rules. docs/architecture.md says why each folder sits where it does.
+TRAINER_LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    (
+        "base",
+        (
+            "rlf_trainer.names rlf_trainer.seeds rlf_trainer.prompts rlf_trainer.config_sections rlf_trainer.config",
+        ),
+    ),
+    ("engines", ("rlf_trainer.run", "rlf_trainer.policy")),  # processes and generators, unaware of each other
+    ("rollout", ("rlf_trainer.rollout",)),
+    ("observe", ("rlf_trainer.observe",)),
+    ("learning", ("rlf_trainer.algorithms", "rlf_trainer.data")),
+    (
+        "assembly",
+        ("rlf_trainer rlf_trainer.build rlf_trainer.trainer rlf_trainer.cli rlf_trainer.evaluate_cli",),
+    ),
 ]
 
 # Which top-level packages each package may import (besides itself).
@@ -141,19 +156,18 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def env_layer(module: str) -> tuple[int, str]:
-    """(layer number, component) of an rlf_envs module: the longest listed prefix wins."""
+def layer_of(module: str, layers: list[tuple[str, tuple[str, ...]]] = ENV_LAYERS) -> tuple[int, str]:
+    """(layer number, component) of a module in ``layers``: the longest listed prefix wins."""
     best: tuple[int, str, int] | None = None
-    for number, (_, components) in enumerate(ENV_LAYERS):
+    for number, (_, components) in enumerate(layers):
         for component in components:
             for prefix in component.split():
-                inside = module == prefix or (prefix != "rlf_envs" and module.startswith(prefix + "."))
+                is_package_root = "." not in prefix  # `rlf_envs` alone is the package's own __init__
+                inside = module == prefix or (not is_package_root and module.startswith(prefix + "."))
                 if inside and (best is None or len(prefix) > best[2]):
                     best = (number, component, len(prefix))
     if best is None:
-        raise AssertionError(
-            f"{module} is in no layer of ENV_LAYERS: add it there and to docs/architecture.md"
-        )
+        raise AssertionError(f"{module} is in no layer: add it to the layers and to docs/architecture.md")
     return best[:2]
 
 
@@ -166,28 +180,36 @@ def test_cycle_detection_finds_a_planted_cycle() -> None:
     assert _cycles(graph) == [["a", "b", "c"]]
 
 
-def test_env_layers_are_respected() -> None:
+def layer_violations(package: str, layers: list[tuple[str, tuple[str, ...]]]) -> list[str]:
+    """Imports inside ``package`` that reach a higher layer or another component of the same layer."""
     violations = []
     for module, targets in import_graph().items():
-        if not module.startswith("rlf_envs"):
+        if module.split(".")[0] != package:
             continue
-        layer, component = env_layer(module)
+        layer, component = layer_of(module, layers)
         for target in targets:
-            if not target.startswith("rlf_envs"):
+            if target.split(".")[0] != package:
                 continue
-            target_layer, target_component = env_layer(target)
+            target_layer, target_component = layer_of(target, layers)
             if target_layer > layer or (target_layer == layer and target_component != component):
                 violations.append(
-                    f"{module} ({ENV_LAYERS[layer][0]}) imports {target} ({ENV_LAYERS[target_layer][0]})"
+                    f"{module} ({layers[layer][0]}) imports {target} ({layers[target_layer][0]})"
                 )
-    assert violations == []
+    return violations
+
+
+@pytest.mark.parametrize("package, layers", [("rlf_envs", ENV_LAYERS), ("rlf_trainer", TRAINER_LAYERS)])
+def test_layers_are_respected(package: str, layers: list[tuple[str, tuple[str, ...]]]) -> None:
+    assert layer_violations(package, layers) == []
 
 
 def test_layer_lookup_rejects_a_higher_import() -> None:
-    assert env_layer("rlf_envs.tools.toolbox") == (1, "rlf_envs.tools")
-    assert env_layer("rlf_envs.tasks.sql.server") == (3, "rlf_envs.tasks.sql")
+    assert layer_of("rlf_envs.tools.toolbox") == (1, "rlf_envs.tools")
+    assert layer_of("rlf_envs.tasks.sql.server") == (3, "rlf_envs.tasks.sql")
+    assert layer_of("rlf_trainer.algorithms.grpo", TRAINER_LAYERS) == (4, "rlf_trainer.algorithms")
+    assert layer_of("rlf_trainer", TRAINER_LAYERS)[0] == 5
     with pytest.raises(AssertionError, match="no layer"):
-        env_layer("rlf_envs_extra.module")
+        layer_of("rlf_envs_extra.module")
 
 
 def test_packages_import_only_what_they_may() -> None:

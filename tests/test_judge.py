@@ -223,7 +223,7 @@ def test_unreachable_judge_falls_back_without_raising() -> None:
 
 
 def test_one_session_per_event_loop_closed_with_its_loop(openai_server: OpenAITestServer) -> None:
-    from rlf_envs.runtime import LoopThread as EnvLoopThread  # closes like the envs' loops do
+    from rlf_envs.loop_thread import LoopThread as EnvLoopThread  # closes like the envs' loops do
 
     judge = JudgeReward(openai_server.url, "judge-1")
     loops = [EnvLoopThread(), EnvLoopThread()]

@@ -1,4 +1,4 @@
-"""The env's background event loop (rlf_envs.runtime.LoopThread): closing it from anywhere."""
+"""The env's background event loop (rlf_envs.loop_thread.LoopThread): closing it from anywhere."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import gymnasium as gym
 import pytest
 
 import rlf_envs  # noqa: F401  (registers the ids)
-from rlf_envs.runtime import LoopThread
+from rlf_envs.loop_thread import LoopThread
 from tests.helpers import latency_server
 
 

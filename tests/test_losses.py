@@ -1,4 +1,4 @@
-"""rlf_trainer.losses against values computed by hand (the arithmetic is in the comments)."""
+"""rlf_trainer.algorithms.losses against values computed by hand (the arithmetic is in the comments)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlf_trainer.advantages import overlong_penalty, turn_advantages
-from rlf_trainer.losses import (
+from rlf_trainer.algorithms.advantages import overlong_penalty, turn_advantages
+from rlf_trainer.algorithms.losses import (
     LossSpec,
     Normaliser,
     aggregate,

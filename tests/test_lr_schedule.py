@@ -1,4 +1,4 @@
-"""rlf_trainer.schedule: transformers' schedulers give the learning rates the hand-written LRSchedule gave.
+"""rlf_trainer.run.schedule: transformers' schedulers give the learning rates the hand-written LRSchedule gave.
 
 The expected rates were computed with ``rlf_trainer.trainer.LRSchedule`` (commit b2d3acf, removed
 when the schedule moved onto ``transformers.get_scheduler``): step k's rate is ``lr * factor[k]``.
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rlf_trainer.config_sections import OptimConfig
-from rlf_trainer.schedule import lr_scheduler
+from rlf_trainer.run.schedule import lr_scheduler
 
 # (schedule, warmup_steps, total_steps, min_lr_ratio) -> LRSchedule(...)(step) for step 0..total
 BEFORE = {

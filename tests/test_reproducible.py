@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlf_trainer.trainer import GRPOTrainer
+from rlf_trainer.trainer import Trainer
 from tests.helpers import model_params, tiny_config
 
 
@@ -15,7 +15,7 @@ def two_steps(tiny_model_dir, run_root, name: str, *overrides: str):
         tiny_model_dir, run_root, f"logging.run_name={name}", "eval.every=0", "checkpoint.every=0",
         "checkpoint.save_final=false", "checkpoint.save_model=false", *overrides,
     )  # fmt: skip
-    trainer = GRPOTrainer(config)
+    trainer = Trainer(config)
     history = trainer.train()
     return trainer.last_batch, history.records, model_params(trainer)
 

@@ -19,10 +19,11 @@ import pytest
 import torch
 
 import rlf_envs  # noqa: F401  (registers the env ids)
-from rlf_trainer import chat
-from rlf_trainer.advantages import spread_over_tokens, turn_advantages
+from rlf_trainer.algorithms.advantages import spread_over_tokens, turn_advantages
 from rlf_trainer.policy import Completion, HFPolicy, SamplingParams
-from rlf_trainer.rollout import (
+from rlf_trainer.rollout import chat
+from rlf_trainer.rollout.async_rollout import run_async_rollout
+from rlf_trainer.rollout.lockstep import (
     FINISH_ANSWER,
     FINISH_MAX_TOKENS,
     RolloutError,
@@ -30,7 +31,6 @@ from rlf_trainer.rollout import (
     run_rollout,
     turn_end_id,
 )
-from rlf_trainer.rollout_async import run_async_rollout
 
 ROLLOUTS = {"lockstep": run_rollout, "async": run_async_rollout}
 rollout_modes = pytest.mark.parametrize("mode", sorted(ROLLOUTS))

@@ -17,11 +17,11 @@ import torch
 
 import rlf_envs  # noqa: F401  (registers the env ids)
 from rlf_envs.dialogue import DEFAULT_STOP_MARKER
-from rlf_trainer import chat
-from rlf_trainer.metrics import rollout_metrics
+from rlf_trainer.observe.metrics import rollout_metrics
 from rlf_trainer.policy import Completion, SamplingParams
-from rlf_trainer.rollout import run_rollout
-from rlf_trainer.rollout_async import run_async_rollout
+from rlf_trainer.rollout import chat
+from rlf_trainer.rollout.async_rollout import run_async_rollout
+from rlf_trainer.rollout.lockstep import run_rollout
 
 ROLLOUTS = {"lockstep": run_rollout, "async": run_async_rollout}
 rollout_modes = pytest.mark.parametrize("mode", sorted(ROLLOUTS))
@@ -152,8 +152,9 @@ def test_user_turns_are_token_exact_and_masked(mode, tiny_model, tiny_tokenizer)
 
 
 def test_grpo_drops_flagged_episodes_from_the_batch(tiny_model, tiny_tokenizer):
+    from rlf_trainer.algorithms.grpo import fill_batch
     from rlf_trainer.config import Config
-    from rlf_trainer.grpo import StepParts, fill_batch
+    from rlf_trainer.rollout.collect import RolloutState
 
     envs = make_envs(4)
     try:
@@ -164,20 +165,20 @@ def test_grpo_drops_flagged_episodes_from_the_batch(tiny_model, tiny_tokenizer):
     config = Config()
     config.algorithm.group_size = 2
 
-    def parts(drop: bool) -> StepParts:
+    def rollout(drop: bool) -> RolloutState:
         config.rollout.drop_sim_errors = drop
-        return StepParts(config, None, None, None, None, None, None, None, None, 2)
+        return RolloutState(config, None, None, None)  # fill_batch without dynamic sampling plays nothing
 
-    _, _, keep, info = fill_batch(parts(True), 1, batch)
+    _, _, keep, info = fill_batch(rollout(True), 1, batch)
     assert keep == [0, 1] and info["sim_errors_dropped"] == 2.0
-    _, _, keep, info = fill_batch(parts(False), 1, batch)
+    _, _, keep, info = fill_batch(rollout(False), 1, batch)
     assert keep == [0, 1, 2, 3] and info["sim_errors_dropped"] == 0.0
 
 
 def test_short_grpo_run_on_customer_service(tiny_model_dir, tmp_path):
     """Two GRPO steps of the tiny random model against the scripted customer, end to end on the CPU."""
     from rlf_trainer.config import load_config
-    from rlf_trainer.trainer import GRPOTrainer
+    from rlf_trainer.trainer import Trainer
     from tests.helpers import TINY_CONFIG
 
     config = load_config(TINY_CONFIG, [f"model.path={tiny_model_dir}", "model.prepare=null",
@@ -187,7 +188,7 @@ def test_short_grpo_run_on_customer_service(tiny_model_dir, tmp_path):
     config.env.id = "RLF/CustomerService-v0"
     config.env.kwargs = {}
     config.env.num_train_tasks = 25
-    trainer = GRPOTrainer(config)
+    trainer = Trainer(config)
     try:
         history = trainer.train()
     finally:

@@ -9,10 +9,10 @@ import gymnasium as gym
 import pytest
 
 import rlf_envs  # noqa: F401  (registers the env ids)
-from rlf_trainer import chat
 from rlf_trainer.policy import Completion, SamplingParams
-from rlf_trainer.rollout import run_rollout
-from rlf_trainer.rollout_async import run_async_rollout
+from rlf_trainer.rollout import chat
+from rlf_trainer.rollout.async_rollout import run_async_rollout
+from rlf_trainer.rollout.lockstep import run_rollout
 from rlf_trainer.seeds import SeedKey, sample_seed
 
 

@@ -13,8 +13,8 @@ import pytest
 import rlf_envs  # noqa: F401  (registers the env ids)
 from rlf_envs.tasks.deepsearch.oracle import DeepSearchOracle
 from rlf_envs.tasks.deepsearch.task import DeepSearchTask
-from rlf_trainer import chat
-from rlf_trainer.demonstrations import (
+from rlf_trainer.algorithms.sft_data import SFTDataError, demonstration_trajectory, load_sft_examples
+from rlf_trainer.data.demonstrations import (
     CollectError,
     NoDemonstrationsError,
     ScriptedAgent,
@@ -23,9 +23,9 @@ from rlf_trainer.demonstrations import (
     select_tasks,
 )
 from rlf_trainer.policy import Completion, SamplingParams
-from rlf_trainer.rollout import run_rollout
-from rlf_trainer.sft_data import SFTDataError, demonstration_trajectory, load_sft_examples
-from rlf_trainer.trajectory import turn_end_id
+from rlf_trainer.rollout import chat
+from rlf_trainer.rollout.lockstep import run_rollout
+from rlf_trainer.rollout.trajectory import turn_end_id
 from tests.helpers import free_port
 
 ENV_ID = "RLF/DeepSearch-v0"
@@ -78,7 +78,7 @@ def test_collect_rejects_bad_input(tmp_path, two_hop_tasks):
 def test_rlf_collect_command(tmp_path):
     out = tmp_path / "one_hop.jsonl"
     done = subprocess.run(
-        [sys.executable, "-m", "rlf_trainer.demonstrations_cli", ENV_ID, "--agent", "deepsearch-oracle",
+        [sys.executable, "-m", "rlf_trainer.data.demonstrations_cli", ENV_ID, "--agent", "deepsearch-oracle",
          "--where", "hops=1", "--limit", "2", "--out", str(out)],
         capture_output=True, text=True, timeout=240,
     )  # fmt: skip
@@ -86,7 +86,7 @@ def test_rlf_collect_command(tmp_path):
     assert "kept 2 of 2 episodes" in done.stdout
     assert {json.loads(line)["reward"] for line in out.read_text().splitlines()} == {1.0}
     bad = subprocess.run(
-        [sys.executable, "-m", "rlf_trainer.demonstrations_cli", ENV_ID, "--agent", "deepsearch-oracle",
+        [sys.executable, "-m", "rlf_trainer.data.demonstrations_cli", ENV_ID, "--agent", "deepsearch-oracle",
          "--where", "hops=9", "--out", str(tmp_path / "x.jsonl")],
         capture_output=True, text=True, timeout=240,
     )  # fmt: skip
@@ -178,11 +178,11 @@ def test_sft_step_loss_is_the_masked_token_mean_nll(tiny_model_dir, tmp_path, de
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rlf_trainer.sft import padded, step_examples
-    from rlf_trainer.trainer import GRPOTrainer
+    from rlf_trainer.algorithms.sft import padded, step_examples
+    from rlf_trainer.trainer import Trainer
 
     config = sft_config(tiny_model_dir, tmp_path, demos_file, "max_steps=1", "checkpoint.every=0")
-    trainer = GRPOTrainer(config)
+    trainer = Trainer(config)
     examples = step_examples(trainer.sft_data, trainer.sft_sampler, 0, 4, 0, 1)
     before = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     batch = padded(examples, tiny_tokenizer.pad_token_id or 0)
@@ -199,10 +199,10 @@ def test_sft_step_loss_is_the_masked_token_mean_nll(tiny_model_dir, tmp_path, de
 
 
 def test_sft_resume_is_exact_then_grpo_continues_from_the_sft_model(tiny_model_dir, tmp_path, demos_file):
-    from rlf_trainer.trainer import GRPOTrainer
+    from rlf_trainer.trainer import Trainer
     from tests.helpers import model_params, tiny_config
 
-    full = GRPOTrainer(sft_config(tiny_model_dir, tmp_path / "a", demos_file, "max_steps=2"))
+    full = Trainer(sft_config(tiny_model_dir, tmp_path / "a", demos_file, "max_steps=2"))
     history = full.train()
     params = model_params(full)
     assert (tmp_path / "a" / "tiny_test" / "model" / "config.json").exists()
@@ -213,14 +213,14 @@ def test_sft_resume_is_exact_then_grpo_continues_from_the_sft_model(tiny_model_d
     shutil.copytree(tmp_path / "a", resumed_dir)
     ckpts = sorted((resumed_dir / "tiny_test" / "checkpoints").glob("step_*"))
     shutil.rmtree(ckpts[-1])
-    resumed = GRPOTrainer(sft_config(tiny_model_dir, resumed_dir, demos_file, "max_steps=2"))
+    resumed = Trainer(sft_config(tiny_model_dir, resumed_dir, demos_file, "max_steps=2"))
     assert resumed.step == 1
     again = resumed.train()
     assert again.records[-1]["sft/loss"] == history.records[-1]["sft/loss"]
     for name, value in model_params(resumed).items():
         assert torch_equal(value, params[name]), name
     # the exported SFT model is where GRPO starts
-    grpo = GRPOTrainer(tiny_config(tmp_path / "a" / "tiny_test" / "model", tmp_path / "c", "max_steps=2",
+    grpo = Trainer(tiny_config(tmp_path / "a" / "tiny_test" / "model", tmp_path / "c", "max_steps=2",
                                    "eval.every=0"))  # fmt: skip
     rows = grpo.train().records
     assert len(rows) == 2 and all("reward/mean" in r for r in rows)

@@ -34,7 +34,7 @@ from rlf_studio.training import (
     save_config,
     start_problems,
 )
-from rlf_trainer.health import HINTS, HealthLog, HealthReport, Trip
+from rlf_trainer.observe.health import HINTS, HealthLog, HealthReport, Trip
 from tests.studio_fixtures.projects import echo_project
 
 

@@ -1,4 +1,4 @@
-"""GRPOTrainer end to end on the tiny Qwen3 and RLF/ToolUse-v0 with a real MCP server (stdio).
+"""Trainer end to end on the tiny Qwen3 and RLF/ToolUse-v0 with a real MCP server (stdio).
 
 One 2-step run (module fixture) is checked for its TensorBoard tags, checkpoints, learning-curve
 PNG, samples and metrics; then a fresh trainer resumed from its step-1 checkpoint must reproduce
@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import torch
 
-from rlf_trainer.checkpoint import list_checkpoints, read_state
 from rlf_trainer.prompts import PromptSampler
-from rlf_trainer.trainer import GRPOTrainer, eval_due
+from rlf_trainer.run.checkpoint import list_checkpoints, read_state
+from rlf_trainer.trainer import Trainer, eval_due
 from tests.helpers import REPO, TINY_CONFIG, model_params, text_reward, tiny_config, train_py_command
 
 EXPECTED_TAGS = {
@@ -55,7 +55,7 @@ def straight_run(tiny_model_dir, tmp_path_factory):
     """Two steps in one go, a checkpoint after each, eval at step 2."""
     run_root = tmp_path_factory.mktemp("runs")
     config = tiny_config(tiny_model_dir, run_root, "logging.run_name=straight", "checkpoint.keep_last=0")
-    trainer = GRPOTrainer(config)
+    trainer = Trainer(config)
     history = trainer.train()
     return trainer, history, model_params(trainer)
 
@@ -122,7 +122,7 @@ def test_resume_from_step_one_reproduces_step_two_exactly(straight_run, tiny_mod
         f"checkpoint.resume={first}",
         "checkpoint.every=0",
     )
-    resumed = GRPOTrainer(config)
+    resumed = Trainer(config)
     assert resumed.step == 1
     history = resumed.train()
     assert resumed.step == 2
@@ -155,7 +155,7 @@ def test_resume_in_the_same_run_folder_keeps_one_version_of_each_step(straight_r
         f"checkpoint.resume={first}",
         "checkpoint.every=0",
     )
-    resumed = GRPOTrainer(config)
+    resumed = Trainer(config)
     resumed.train()
     run_dir = tmp_path / "straight"
 
@@ -203,7 +203,7 @@ def test_lora_trains_only_the_adapters_and_the_saved_model_has_them_merged(
         "checkpoint.every=0",
         "eval.every=0",
     )
-    trainer = GRPOTrainer(config)
+    trainer = Trainer(config)
     history = trainer.train()
     first, second = history.records
     assert first["kl"] == 0.0 and second["kl"] > 0  # lora_B starts at zero: policy == reference at step 1
@@ -242,7 +242,7 @@ def one_step(tiny_model_dir: Path, run_root: Path, *overrides: str) -> tuple[Any
         "checkpoint.save_model=false",
         *overrides,
     )
-    trainer = GRPOTrainer(config)
+    trainer = Trainer(config)
     try:
         metrics = trainer.train_step()
         return trainer.last_batch, metrics, model_params(trainer)
@@ -371,7 +371,7 @@ def test_dynamic_sampling_refills_a_silent_group_with_new_prompts(tiny_model_dir
     tasks = config.env.kwargs["tasks"]  # t0 asks for "ping": put it where step 0 draws from
     tasks[0], tasks[first_draw[0]] = tasks[first_draw[0]], tasks[0]
     config.env.kwargs["reward"] = silent_for_ping
-    trainer = GRPOTrainer(config)
+    trainer = Trainer(config)
     try:
         metrics = trainer.train_step()
     finally:

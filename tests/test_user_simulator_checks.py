@@ -19,10 +19,10 @@ import pytest
 
 import rlf_envs  # noqa: F401  (registers the ids)
 from rlf_bench.sim_checks_bench import load_replies, main, rules_flag
+from rlf_envs.core.env_runtime import build_user_simulator
+from rlf_envs.core.task import FunctionTask
 from rlf_envs.dialogue import DEFAULT_STOP_MARKER, LLMUserSimulator, UserTurnRequest
 from rlf_envs.dialogue.runner import DEFAULT_SIM_TIMEOUT_S
-from rlf_envs.env_runtime import build_user_simulator
-from rlf_envs.task import FunctionTask
 
 INSTRUCTIONS = "You are Ann Holt. Your email is ann@example.com. You want to cancel your order #W1001."
 TASKS = [{"id": f"u{i}", "question": f"Hi, I need help number {i}.", "answer": str(i),
@@ -178,7 +178,7 @@ def test_a_stop_marker_inside_leaked_instructions_is_a_leak_not_a_stop():
 
 
 def test_flagged_episodes_finish_as_sim_error():
-    from rlf_trainer.trajectory import (
+    from rlf_trainer.rollout.trajectory import (
         FINISH_MAX_TURNS,
         FINISH_SIM_ERROR,
         EpisodeStats,

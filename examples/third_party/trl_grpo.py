@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(args.output_dir or tempfile.mkdtemp(prefix="rlf-trl-"))
     model_path = args.model
     if model_path is None:
-        from rlf_trainer.models import build_tiny_qwen3
+        from rlf_trainer.data.models import build_tiny_qwen3
 
         model_path = build_tiny_qwen3(workdir / "tiny-qwen3")
     batch = args.prompts * args.generations

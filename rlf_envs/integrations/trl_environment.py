@@ -6,7 +6,7 @@ into the prompt with the model's chat template, parses the tool calls out of eac
 the matching methods, appends their results and generates again. This module builds such a class from
 any RLF env id through the Gymnasium API only:
 
-- one :class:`~rlf_envs.vector.ToolVectorEnv` holds every rollout's episode (one slot per rollout);
+- one :class:`~rlf_envs.core.vector.ToolVectorEnv` holds every rollout's episode (one slot per rollout);
 - each tool of the env (MCP or python) becomes an async method with the tool's schema; calling it
   steps the rollout's episode with a ``<tool_call>`` action, so our env runs the call (timeouts,
   error kinds, result truncation) and the method returns the tool's text;

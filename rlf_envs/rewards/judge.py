@@ -1,6 +1,6 @@
 """LLM-as-judge reward: ask an OpenAI-compatible chat endpoint whether an episode's answer is right.
 
-:class:`JudgeReward` is an async callable on an :class:`~rlf_envs.task.Episode`, so it drops
+:class:`JudgeReward` is an async callable on an :class:`~rlf_envs.core.task.Episode`, so it drops
 into any task as its reward (``gym.make("RLF/ToolUse-v0", reward=JudgeReward(...))``) and the
 env scores every finished episode of a batch concurrently. It never raises: when the judge
 cannot be reached (after retries with exponential backoff), answers with an HTTP error, or

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlf_envs.task import FunctionTask
+from rlf_envs.core.task import FunctionTask
 from rlf_envs.types import RewardFn, TaskInstance
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -86,7 +86,7 @@ def make_tool_use_task(
     """Assemble a task from user data; ``test_tasks`` defaults to the training tasks.
 
     ``tool_success_reward``: the step reward of each tool turn whose calls all succeed (a small
-    process reward, e.g. 0.1; see :attr:`rlf_envs.task.Task.tool_success_reward`).
+    process reward, e.g. 0.1; see :attr:`rlf_envs.core.task.Task.tool_success_reward`).
     """
     splits = {"train": load_tasks(tasks)}
     if test_tasks is not None:

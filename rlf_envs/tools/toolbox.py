@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -56,15 +55,7 @@ class ToolBox:
         max_calls_per_turn: int | None = 16,
         tool_timeout_s: float = 30.0,
         providers: Sequence[ToolProvider] = (),
-        default_timeout_s: float | None = None,
     ) -> None:
-        if default_timeout_s is not None:  # the old name, kept one release
-            warnings.warn(
-                "ToolBox(default_timeout_s=) is deprecated: use tool_timeout_s",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            tool_timeout_s = default_timeout_s
         self.max_result_chars = max_result_chars
         self.max_calls_per_turn = max_calls_per_turn
         self._providers: list[ToolProvider] = list(providers)

@@ -1,6 +1,6 @@
 """The async policy contract: one request in, one completion out, awaitable, many in flight at once.
 
-The asynchronous rollout (:mod:`rlf_trainer.rollout_async`) runs every episode as its own coroutine
+The asynchronous rollout (:mod:`rlf_trainer.rollout.async_rollout`) runs every episode as its own coroutine
 and asks for one turn at a time with :meth:`AsyncPolicy.agenerate`. A policy with an engine that
 batches requests as they come (vLLM: :meth:`~rlf_trainer.policy.vllm.VLLMPolicy.agenerate`)
 implements it natively; :func:`as_async_policy` adapts any other :class:`~rlf_trainer.policy.base.Policy`

@@ -11,10 +11,10 @@ and what the trainer's forward pass recomputes, so the two are directly comparab
 
 Example:
     >>> params = SamplingParams(max_new_tokens=32, temperature=1.0, seed=0)
-    >>> completions = policy.generate([[1, 2, 3], [4, 5]], params)  # doctest: +SKIP
-    >>> c = completions[0]                                            # doctest: +SKIP
-    >>> len(c.token_ids) == len(c.logprobs), c.finish_reason          # doctest: +SKIP
-    (True, 'stop')
+    >>> completions = policy.generate([[1, 2, 3], [4, 5]], params)  # any Policy; here HFPolicy, tiny model
+    >>> c = completions[0]
+    >>> len(c.token_ids) == len(c.logprobs), c.finish_reason in ("stop", "length")
+    (True, True)
 """
 
 from __future__ import annotations

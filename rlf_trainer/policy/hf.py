@@ -4,11 +4,12 @@ For CPU runs and tests. Sharing the training module means no weight sync: after 
 the next :meth:`HFPolicy.generate` already samples from the new weights.
 
 Example:
-    >>> model = AutoModelForCausalLM.from_pretrained(path)           # doctest: +SKIP
-    >>> policy = HFPolicy(model, AutoTokenizer.from_pretrained(path))  # doctest: +SKIP
-    >>> [c] = policy.generate([prompt_ids], SamplingParams(max_new_tokens=64, seed=0))  # doctest: +SKIP
-    >>> c.finish_reason, c.text                                       # doctest: +SKIP
-    ('stop', 'Paris is the capital of France.')
+    >>> from transformers import AutoModelForCausalLM, AutoTokenizer
+    >>> from rlf_trainer.policy.base import SamplingParams
+    >>> policy = HFPolicy(AutoModelForCausalLM.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir))
+    >>> [c] = policy.generate([[1, 2, 3]], SamplingParams(max_new_tokens=16, seed=0))  # the tiny random model
+    >>> c.finish_reason, len(c.token_ids) == len(c.logprobs) == 16
+    ('length', True)
 """
 
 from __future__ import annotations

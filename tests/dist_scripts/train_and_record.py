@@ -23,10 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 def main(out_dir: str, model_dir: str, run_dir: str, *overrides: str) -> None:
     import torch
 
-    from rlf_trainer.trainer import GRPOTrainer
+    from rlf_trainer.trainer import Trainer
     from tests.helpers import tiny_config
 
-    trainer = GRPOTrainer(tiny_config(Path(model_dir), Path(run_dir), *overrides))
+    trainer = Trainer(tiny_config(Path(model_dir), Path(run_dir), *overrides))
     acc = trainer.accelerator
     plays: list[dict[str, Any]] = []
     reset, generate = trainer.envs.reset, trainer.policy.generate

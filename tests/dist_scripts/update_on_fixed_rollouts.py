@@ -24,29 +24,30 @@ def main(out_dir: str, model_dir: str, run_dir: str, batch_file: str, *overrides
     import torch
     from accelerate.utils import gather_object
 
-    from rlf_trainer import grpo
-    from rlf_trainer.advantages import spread_over_tokens
-    from rlf_trainer.distributed import mean_over_processes
-    from rlf_trainer.metrics import rollout_metrics
-    from rlf_trainer.trainer import GRPOTrainer
+    from rlf_trainer.algorithms import grpo
+    from rlf_trainer.algorithms.advantages import spread_over_tokens
+    from rlf_trainer.observe.metrics import rollout_metrics
+    from rlf_trainer.rollout.collect import collect
+    from rlf_trainer.run.distributed import mean_over_processes
+    from rlf_trainer.trainer import Trainer
     from tests.helpers import tiny_config
 
-    trainer = GRPOTrainer(tiny_config(Path(model_dir), Path(run_dir), *overrides))
-    acc, parts = trainer.accelerator, trainer.parts
+    trainer = Trainer(tiny_config(Path(model_dir), Path(run_dir), *overrides))
+    acc, rollout, learner = trainer.accelerator, trainer.rollout, trainer.learner
     batch_path = Path(batch_file)
     if acc.num_processes == 1 and not batch_path.exists():
-        batch = grpo.collect(parts, step=0).batch
+        batch = collect(rollout, step=0).batch
         torch.save(batch, batch_path)
     batch = torch.load(batch_path, weights_only=False)
-    size, groups = parts.group_size, len(batch) // parts.group_size
+    size, groups = rollout.group_size, len(batch) // rollout.group_size
     share = groups // acc.num_processes
     mine = range(acc.process_index * share * size, (acc.process_index + 1) * share * size)
     local = batch.select(list(mine))
     history = []
     for _ in range(2):
-        per_turn = grpo.episode_advantages(parts, local)
+        per_turn = grpo.episode_advantages(rollout, local)
         advantages = spread_over_tokens(per_turn, local.turn_spans, local.loss_mask.shape[1])
-        metrics = grpo.update(parts, local, advantages, list(range(len(local))))
+        metrics = grpo.update(learner, local, advantages, list(range(len(local))))
         metrics = mean_over_processes(
             trainer.accelerator, {k: v for k, v in metrics.items() if k != "grad_norm"}
         )

@@ -33,9 +33,9 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from rlf_envs.core.task import DialogueTask
 from rlf_envs.dialogue.simulator import ScriptedUserSimulator
 from rlf_envs.servers.launch import stdio_server_entry
-from rlf_envs.task import DialogueTask
 from rlf_envs.tasks.customer_service.customer import scripted_customer
 from rlf_envs.tasks.customer_service.data import generate_shop, write_shop
 from rlf_envs.tasks.customer_service.scenarios import Scenario, make_scenarios

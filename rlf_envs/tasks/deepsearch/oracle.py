@@ -3,8 +3,8 @@
 It reads the generated world's own solution (the queries that reach each hop's document and the
 golden answer), so on the generated world it scores 1.0 wherever the search server returns the
 hop's document. Its turns are written in the canonical ``<tool_call>`` form that
-:func:`rlf_trainer.chat.plain_messages` renders, so a collected episode replays token for token
-(:mod:`rlf_trainer.demonstrations`, ``rlf-collect --agent deepsearch-oracle``).
+:func:`rlf_trainer.rollout.chat.plain_messages` renders, so a collected episode replays token for token
+(:mod:`rlf_trainer.data.demonstrations`, ``rlf-collect --agent deepsearch-oracle``).
 
 Example:
     >>> from rlf_envs.tasks.deepsearch.world import generate_world

@@ -13,7 +13,7 @@ reasoning over them. Two ways to use it:
 
 * the task variant, whose system prompt also tells the policy about ``summarize``::
 
-    from rlf_envs.env import ToolEnv
+    from rlf_envs.core.env import ToolEnv
     env = ToolEnv(SummarizingDeepSearchTask(summarizer_url="http://127.0.0.1:8000/v1",
                                             summarizer_model="qwen3-8b"))
 

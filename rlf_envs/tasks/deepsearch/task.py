@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from rlf_envs.answers import extract_answer
+from rlf_envs.core.task import Task
 from rlf_envs.rewards.judge import JudgeReward
 from rlf_envs.rewards.rules import get_rule_reward
 from rlf_envs.servers.launch import stdio_server_entry
-from rlf_envs.task import Task
 from rlf_envs.tasks.deepsearch.data import load_qa_splits, read_corpus
 from rlf_envs.tasks.deepsearch.index import build_index_dir, default_cache_dir, ensure_world_index, read_meta
 from rlf_envs.tasks.deepsearch.world import World, generate_world

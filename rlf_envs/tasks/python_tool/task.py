@@ -20,6 +20,7 @@ import functools
 from typing import Any
 
 from rlf_envs.answers import extract_answer
+from rlf_envs.core.task import Task
 from rlf_envs.isolation import (
     DEFAULT_BWRAP,
     IsolationMode,
@@ -30,7 +31,6 @@ from rlf_envs.isolation import (
 )
 from rlf_envs.rewards.rules import episode_prediction, math_equal
 from rlf_envs.servers.launch import stdio_server_entry
-from rlf_envs.task import Task
 from rlf_envs.tasks.python_tool.problems import KINDS, generate_problems
 from rlf_envs.tasks.python_tool.sandbox import SandboxConfigError, SandboxStartError
 from rlf_envs.types import Episode, RewardValue, TaskInstance

@@ -22,10 +22,10 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
+from rlf_envs.core.task import Task
 from rlf_envs.isolation import DEFAULT_BWRAP, IsolationMode, probe_bubblewrap, resolve_isolation
 from rlf_envs.rewards.rules import episode_prediction
 from rlf_envs.servers.launch import stdio_server_entry
-from rlf_envs.task import Task
 from rlf_envs.tasks.sql.compare import has_top_level_order_by, results_match
 from rlf_envs.tasks.sql.data import ensure_database, generate_company
 from rlf_envs.tasks.sql.questions import SQLQuestion, checked_questions, load_question_file

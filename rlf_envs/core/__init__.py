@@ -1,0 +1,1 @@
+"""The env contract: task, episode, env runtime, the single env and the vector env."""

@@ -1,0 +1,1 @@
+"""The learning rules: GRPO-family losses and advantages, the GRPO update, SFT."""

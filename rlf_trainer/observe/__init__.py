@@ -1,0 +1,1 @@
+"""What a run shows about itself: metrics, health checks, the token budget, progress, evaluation."""

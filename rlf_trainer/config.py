@@ -25,10 +25,10 @@ import os
 import re
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError
 from pydantic.fields import FieldInfo
 
 from rlf_trainer.config_sections import (
@@ -48,6 +48,11 @@ from rlf_trainer.config_sections import (
     SFTConfig,
 )
 from rlf_trainer.names import clip_range
+
+
+def _yaml_no(value: Any) -> Any:
+    """YAML 1.1 reads Accelerate's spelling ``mixed_precision=no`` as ``false``: take it as ``no``."""
+    return "no" if value is False else value
 
 
 class ConfigError(ValueError):
@@ -72,7 +77,8 @@ class Config(Section):
     health: HealthConfig = Field(default_factory=HealthConfig)
     seed: int = 0
     max_steps: int = Field(100, ge=0)
-    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    # auto: bf16 where the chip has bf16 arithmetic, else fp32 (rlf_trainer.run.precision)
+    mixed_precision: Annotated[Literal["auto", "no", "bf16", "fp16"], BeforeValidator(_yaml_no)] = "auto"
     gradient_checkpointing: bool = False
 
     @property
@@ -335,8 +341,10 @@ def _literal_values(field: FieldInfo | None) -> list[Any]:
 
 
 def _did_you_mean(value: Any, allowed: list[Any]) -> str:
+    if not isinstance(value, str):  # a number, bool or list is never a typo of a name
+        return ""
     close = difflib.get_close_matches(value, [a for a in allowed if isinstance(a, str)], n=1)
-    return f" (did you mean {close[0]!r}?)" if isinstance(value, str) and close else ""
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _range(field: FieldInfo) -> str:

@@ -29,8 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     from rlf_trainer.observe.evaluation import evaluate
     from rlf_trainer.rollout.collect import RolloutState, episodes_per_process
     from rlf_trainer.run.distributed import make_accelerator, stop_rank_watch
+    from rlf_trainer.run.precision import resolve_mixed_precision
 
     config = load_config(args.config, args.overrides)
+    config.mixed_precision = resolve_mixed_precision(config.mixed_precision)
     accelerator = make_accelerator(config.distributed.timeout_s, mixed_precision=config.mixed_precision)
     set_seed(config.seed)
     model_path = build.prepared_model_path(config, accelerator)

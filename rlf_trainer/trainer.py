@@ -51,6 +51,7 @@ from rlf_trainer.rollout.collect import Prefetch, RolloutState, episodes_per_pro
 from rlf_trainer.run import checkpoint as ckpt
 from rlf_trainer.run import distributed
 from rlf_trainer.run.distributed import full_parameters
+from rlf_trainer.run.precision import resolve_mixed_precision
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,8 @@ class Trainer:
         from accelerate.utils import set_seed
 
         self.config = config.validate()
+        # `auto` becomes what this machine does fast; config.yaml records the choice
+        config.mixed_precision = resolve_mixed_precision(config.mixed_precision)
         self.run_dir = config.run_dir
         self.accelerator = distributed.make_accelerator(
             config.distributed.timeout_s,

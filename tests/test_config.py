@@ -3,8 +3,11 @@
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlf_trainer.config import Config, ConfigError, dump_config, from_dict, load_config, parse_override
+from rlf_trainer.config_sections import Section
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
 
@@ -232,3 +235,41 @@ def test_deepsearch_recipe_matches_rl_factory():
     assert cfg.policy.backend == "vllm" and cfg.policy.vllm.gpu_memory_utilization == 0.75
     assert cfg.mixed_precision == "bf16" and cfg.gradient_checkpointing is True
     assert cfg.algorithm.mini_batches == 4  # train_batch_size 128 / ppo_mini_batch_size 32
+
+
+def _leaf_keys(model: type = Config, prefix: str = "") -> list[str]:
+    """Every dotted key of the config whose value is not itself a section."""
+    keys = []
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, Section):
+            keys += _leaf_keys(annotation, f"{prefix}{name}.")
+        else:
+            keys.append(prefix + name)
+    return keys
+
+
+_ANY_YAML_VALUE = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**6), max_value=10**6),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=6),
+    st.lists(st.one_of(st.integers(), st.text(max_size=3)), max_size=2),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(key=st.sampled_from(_leaf_keys()), value=_ANY_YAML_VALUE)
+def test_any_value_of_any_key_gives_a_config_or_a_config_error_naming_a_key(key, value):
+    data: dict = {"model": {"path": "m"}}
+    node = data
+    *parents, leaf = key.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+    try:
+        from_dict(data).validate()
+    except ConfigError as exc:  # never another exception, and the message says which key
+        assert any(k in str(exc) for k in (key, *_leaf_keys())), str(exc)

@@ -38,11 +38,15 @@ from rlf_trainer.algorithms.losses import (
     aggregate,
     approx_kl,
     loss_terms,
-    selective_log_softmax,
-    token_entropy,
     truncated_importance_weights,
 )
-from rlf_trainer.algorithms.optimize import Learner, samples_with_trained_model, step_optimizer, sync_weights
+from rlf_trainer.algorithms.optimize import (
+    Learner,
+    samples_with_trained_model,
+    step_optimizer,
+    sync_weights,
+    token_logprobs,
+)
 from rlf_trainer.observe.metrics import rollout_metrics
 from rlf_trainer.rollout.batch import RolloutBatch
 from rlf_trainer.rollout.collect import Prefetch, RolloutState, collect
@@ -51,7 +55,6 @@ from rlf_trainer.run.distributed import any_rank
 # Diagnostics that are constant by construction when pi_old is the model itself at its one update
 # (the loss is then -mean(A) = 0 plus the KL penalty, if any).
 _RATIO_ONE_METRICS = ("clip_fraction", "ratio_mean", "approx_kl_old", "loss")
-_ENTROPY_CHUNK = 1024  # token rows per entropy chunk: bounds the [rows, vocab] softmax
 _SAMPLER_KL_ROWS = 4  # episodes measured for sampler_kl when the update forwards none
 
 
@@ -217,14 +220,18 @@ def update(
     learner.model.train()
     sums: dict[str, float] = defaultdict(float)
     grad_norm: float | None = None
+    real = forwarded = 0.0
     for _ in range(algo.num_iterations):
         for rows, norm, signal_norm in zip(minis, norms, signal_norms, strict=True):
-            metrics, grad_norm = optimizer_step(
+            metrics, grad_norm, (step_real, step_forwarded) = optimizer_step(
                 learner, batch, advantages, rows, old_logp, norm, signal_norm, measure_sampler_kl
             )
             for key, value in metrics.items():
                 sums[key] += value / (algo.num_iterations * algo.mini_batches)
+            real, forwarded = real + step_real, forwarded + step_forwarded
     out = dict(sums) | {"lr": learner.scheduler.get_last_lr()[0]}
+    if forwarded:  # padding: the share of forwarded token positions that are not tokens
+        out["update/pad_fraction"] = 1.0 - real / forwarded
     out["trained_share"] = sum(n.sequences for n in signal_norms) / max(sum(n.sequences for n in norms), 1.0)
     if measure_sampler_kl and "sampler_kl" not in out:  # no process forwarded an episode
         out["sampler_kl"] = sampler_kl_without_update(learner, batch, keep)
@@ -270,12 +277,14 @@ def frozen_old_logprobs(learner: Learner, batch: RolloutBatch, keep: list[int]) 
         return None
     frozen = torch.zeros_like(batch.old_logprobs[:, 1:])
     with torch.no_grad():
-        for rows in np.array_split(np.array(keep, dtype=np.int64), acc.gradient_accumulation_steps):
+        for rows in length_sorted_split(
+            batch, np.array(keep, dtype=np.int64), acc.gradient_accumulation_steps
+        ):
             if len(rows):
                 micro = batch.select(rows.tolist()).to(acc.device)
-                frozen[rows, : micro.input_ids.shape[1] - 1] = (
-                    token_logprobs(learner.model, micro)[1].float().cpu()
-                )
+                trained = micro.loss_mask[:, 1:]
+                forward = token_logprobs(acc, learner.model, micro.input_ids, micro.attention_mask, trained)
+                frozen[rows, : micro.input_ids.shape[1] - 1] = forward.logp.cpu()
     return frozen
 
 
@@ -288,15 +297,17 @@ def optimizer_step(
     norm: Normaliser,
     signal_norm: Normaliser,
     measure_sampler_kl: bool,
-) -> tuple[dict[str, float], float | None]:
+) -> tuple[dict[str, float], float | None, tuple[float, float]]:
     """``gradient_accumulation_steps`` micro-batches of ``rows``, then one clipped optimizer step.
 
     ``norm`` holds the loss denominators of the step; ``signal_norm`` those of the episodes
-    actually forwarded (``rows``, over every process), which weigh the metrics.
+    actually forwarded (``rows``, over every process), which weigh the metrics. Also returns
+    this process's (real, forwarded) token counts.
     """
     acc, variant = learner.accelerator, learner.config.algorithm.loss
-    micro_rows = np.array_split(rows, acc.gradient_accumulation_steps)
+    micro_rows = length_sorted_split(batch, rows, acc.gradient_accumulation_steps)
     sums: dict[str, float] = defaultdict(float)
+    tokens = {"real": 0.0, "forwarded": 0.0}  # this process's, for update/pad_fraction
 
     def micro_loss(index: int) -> tuple[torch.Tensor, float]:
         # Every process runs the same number of forward/backward passes (collectives stay in step);
@@ -317,10 +328,19 @@ def optimizer_step(
             return loss * 0.0, 1.0
         for key, value in metrics.items():
             sums[key] += value * metric_weight(key, micro, signal_norm, acc.num_processes, variant)
+        tokens["real"] += float(micro.attention_mask.sum())
+        tokens["forwarded"] += float(micro.attention_mask.numel())
         return loss, 1.0  # the loss is already this micro-batch's share of the step's
 
     grad_norm = step_optimizer(learner, micro_loss)
-    return dict(sums), grad_norm
+    return dict(sums), grad_norm, (tokens["real"], tokens["forwarded"])
+
+
+def length_sorted_split(batch: RolloutBatch, rows: np.ndarray, parts: int) -> list[np.ndarray]:
+    """``rows`` in ``parts`` micro-batches of similar lengths (longest first): each micro-batch is
+    trimmed to its longest row, so sorting first keeps the padding small."""
+    lengths = batch.attention_mask[torch.as_tensor(rows, dtype=torch.long)].sum(dim=1).numpy()
+    return np.array_split(rows[np.argsort(-lengths, kind="stable")], parts)
 
 
 def micro_batch_loss(
@@ -334,8 +354,9 @@ def micro_batch_loss(
     """Forward pass and this micro-batch's share of its optimizer step's loss (``advantages`` ``[n, T]``)."""
     algo = learner.config.algorithm
     mask = micro.loss_mask[:, 1:].float()
-    # log pi_theta(x_t | x_<t) of every sampled token, at temperature 1 (the sampler records raw logprobs)
-    logits, logp = token_logprobs(learner.model, micro)
+    # log pi_theta(x_t | x_<t) of every trained token, at temperature 1 (the sampler records raw logprobs)
+    forward = token_logprobs(learner.accelerator, learner.model, micro.input_ids, micro.attention_mask, mask)
+    logp = forward.logp
     sampler_logp = micro.old_logprobs[:, 1:]
     # pi_old: frozen before the first pass, or this very forward (detached: the ratio is then 1)
     old = logp.detach() if old_logp is None else old_logp
@@ -364,7 +385,7 @@ def micro_batch_loss(
     out["loss"] = float(loss.detach())
     if measure_sampler_kl:  # with the HF policy the sampler is this module: the KL is ~1e-9
         out["sampler_kl"] = float(approx_kl(logp, sampler_logp, mask))
-    out["entropy"] = masked_entropy(logits.detach(), mask)
+    out["entropy"] = forward.entropy
     if algo.ratio_is_one:
         for constant in _RATIO_ONE_METRICS:
             if constant != "loss" or algo.beta == 0:  # with a KL penalty the loss still moves
@@ -388,36 +409,14 @@ def metric_weight(key: str, micro: RolloutBatch, norm: Normaliser, processes: in
 
 
 # --------------------------------------------------------------------------------------------- forward passes
-def token_logprobs(model: torch.nn.Module, micro: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """The model's logits ``[n, T-1, V]`` and log-probs ``[n, T-1]`` of the tokens of ``micro``."""
-    logits = model(input_ids=micro.input_ids, attention_mask=micro.attention_mask, use_cache=False).logits[
-        :, :-1
-    ]
-    return logits, selective_log_softmax(logits, micro.input_ids[:, 1:])
-
-
 def reference_logprobs(learner: Learner, micro: RolloutBatch) -> torch.Tensor:
-    """Token log-probs of the reference model: a frozen copy, or the LoRA base with adapters off."""
-    inputs = {"input_ids": micro.input_ids, "attention_mask": micro.attention_mask, "use_cache": False}
+    """Trained tokens' log-probs under the reference: a frozen copy, or the LoRA base with adapters off."""
+    args = (micro.input_ids, micro.attention_mask, micro.loss_mask[:, 1:])
     with torch.no_grad():
         if learner.ref_model is not None:
-            logits = learner.ref_model(**inputs).logits
-        else:
-            with learner.accelerator.unwrap_model(learner.model).disable_adapter():
-                logits = learner.model(**inputs).logits
-        return selective_log_softmax(logits[:, :-1], micro.input_ids[:, 1:])
-
-
-def masked_entropy(logits: torch.Tensor, mask: torch.Tensor) -> float:
-    """Mean next-token entropy over the trained positions, in chunks of rows."""
-    rows = logits[mask.bool()]
-    if rows.shape[0] == 0:
-        return 0.0
-    total = sum(
-        float(token_entropy(rows[i : i + _ENTROPY_CHUNK]).sum())
-        for i in range(0, rows.shape[0], _ENTROPY_CHUNK)
-    )
-    return total / rows.shape[0]
+            return token_logprobs(learner.accelerator, learner.ref_model, *args).logp
+        with learner.accelerator.unwrap_model(learner.model).disable_adapter():
+            return token_logprobs(learner.accelerator, learner.model, *args).logp
 
 
 def sampler_kl_without_update(learner: Learner, batch: RolloutBatch, rows: list[int]) -> float:
@@ -427,9 +426,12 @@ def sampler_kl_without_update(learner: Learner, batch: RolloutBatch, rows: list[
     if not picked:
         return 0.0
     micro = batch.select(picked).to(learner.accelerator.device)
+    mask = micro.loss_mask[:, 1:]
     with torch.no_grad():
-        _, logp = token_logprobs(learner.model, micro)
-    return float(approx_kl(logp, micro.old_logprobs[:, 1:], micro.loss_mask[:, 1:].float()))
+        logp = token_logprobs(
+            learner.accelerator, learner.model, micro.input_ids, micro.attention_mask, mask
+        ).logp
+    return float(approx_kl(logp, micro.old_logprobs[:, 1:], mask.float()))
 
 
 __all__ = [

@@ -7,12 +7,14 @@ and steps; :func:`sync_weights` hands the new weights to a sampler that is not t
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from rlf_trainer.algorithms.losses import chunked_selective_log_softmax, selective_log_softmax, token_entropy
 from rlf_trainer.config import Config
 from rlf_trainer.run.distributed import full_parameters
 
@@ -60,6 +62,92 @@ def step_optimizer(learner: Learner, micro_loss: Callable[[int], tuple[torch.Ten
     return grad_norm
 
 
+@dataclass
+class TokenLogprobs:
+    """The log-probs ``[n, T-1]`` of the trained tokens of a batch under a model (0 elsewhere), their
+    mean next-token entropy, and the forwarded shape (rows x padded width) for the padding share."""
+
+    logp: torch.Tensor
+    entropy: float
+    forwarded_tokens: int
+
+
+def token_logprobs(
+    accelerator: Any, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, trained: torch.Tensor
+) -> TokenLogprobs:
+    """``log pi(x_t | x_<t)`` of the tokens where ``trained`` ``[n, T-1]`` is 1, at temperature 1.
+
+    The model runs once over the whole sequences (under the run's mixed precision) for its final
+    hidden states; the vocabulary projection then runs only on the trained positions, in chunks
+    (:func:`~rlf_trainer.algorithms.losses.chunked_selective_log_softmax`), never as the full
+    ``[n, T, V]`` logits: prompt and tool-result positions need no logits at all. A model whose
+    logits are not its output projection of the decoder's last hidden state (soft-capping,
+    scaling, a custom head) takes the plain path: the full logits, then the log-softmax.
+    """
+    core = _core_model(accelerator, model)
+    where = trained.bool()
+    if _projects_plainly(core):
+        captured: list[torch.Tensor] = []
+        hook = core.get_decoder().register_forward_hook(lambda _m, _i, out: captured.append(out[0]))
+        try:  # the wrapped call (DDP, FSDP) keeps its gradient bookkeeping; logits for one position only
+            model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=1)
+        finally:
+            hook.remove()
+        with accelerator.autocast():
+            picked, entropy = chunked_selective_log_softmax(
+                captured[0][:, :-1][where],
+                core.get_output_embeddings(),
+                input_ids[:, 1:][where],
+                entropy=True,
+            )
+        logp = torch.zeros(trained.shape, dtype=torch.float32, device=picked.device)
+        logp[where] = picked
+        mean_entropy = float(entropy.mean()) if entropy is not None and entropy.numel() else 0.0
+    else:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
+        logp = selective_log_softmax(logits, input_ids[:, 1:]).masked_fill(~where, 0.0)
+        rows = logits.detach()[where]
+        mean_entropy = float(token_entropy(rows).mean()) if rows.shape[0] else 0.0
+    return TokenLogprobs(logp, mean_entropy, int(input_ids.numel()))
+
+
+# model -> whether its logits are head(last hidden state); weak keys: a freed model's entry goes with it
+_PLAIN_PROJECTION: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def _projects_plainly(core: Any) -> bool:
+    """Whether ``core``'s logits are its output projection of its decoder's output, checked once
+    per model on a short probe in fp32 (a model that scales or caps its logits differs by far more
+    than rounding)."""
+    if core not in _PLAIN_PROJECTION:
+        _PLAIN_PROJECTION[core] = _probe_projection(core)
+    return _PLAIN_PROJECTION[core]
+
+
+def _probe_projection(core: Any) -> bool:
+    get_decoder, get_head = getattr(core, "get_decoder", None), getattr(core, "get_output_embeddings", None)
+    if not (callable(get_decoder) and callable(get_head)) or get_head() is None:
+        return False
+    probe = torch.arange(1, 9, device=next(core.parameters()).device).unsqueeze(0)
+    captured: list[torch.Tensor] = []
+    hook = get_decoder().register_forward_hook(lambda _m, _i, out: captured.append(out[0]))
+    try:
+        with torch.no_grad():
+            logits = core(input_ids=probe, use_cache=False, logits_to_keep=1).logits[:, -1].float()
+            projected = get_head()(captured[0][:, -1]).float()
+    except TypeError:  # a forward without logits_to_keep
+        return False
+    finally:
+        hook.remove()
+    return bool(torch.allclose(logits, projected, rtol=1e-3, atol=1e-3))
+
+
+def _core_model(accelerator: Any, model: Any) -> Any:
+    """The causal LM under the DDP / PEFT wrappers (its decoder and output projection)."""
+    core = accelerator.unwrap_model(model)
+    return core.get_base_model() if hasattr(core, "peft_config") else core
+
+
 def sync_weights(learner: Learner, policy: Any) -> None:
     """Give a separate engine (vLLM) the current weights; the HF policy samples with the model itself."""
     if learner.config.policy.backend == "vllm":
@@ -72,4 +160,11 @@ def samples_with_trained_model(learner: Learner, policy: Any) -> bool:
     return getattr(policy, "model", None) is learner.accelerator.unwrap_model(learner.model)
 
 
-__all__ = ["Learner", "samples_with_trained_model", "step_optimizer", "sync_weights"]
+__all__ = [
+    "Learner",
+    "TokenLogprobs",
+    "samples_with_trained_model",
+    "step_optimizer",
+    "sync_weights",
+    "token_logprobs",
+]

@@ -24,8 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlf_trainer.algorithms.losses import selective_log_softmax
-from rlf_trainer.algorithms.optimize import Learner, step_optimizer, sync_weights
+from rlf_trainer.algorithms.optimize import Learner, step_optimizer, sync_weights, token_logprobs
 from rlf_trainer.algorithms.sft_data import SFTData, SFTExample
 from rlf_trainer.prompts import PromptSampler
 
@@ -66,22 +65,25 @@ def sft_step(
     # 1. the normaliser: every assistant token of the step, on every process
     local_tokens = float(batch["loss_mask"][:, 1:].sum())
     total_tokens = float(acc.reduce(torch.tensor(local_tokens, device=acc.device), reduction="sum"))
-    micro_rows = np.array_split(np.arange(len(examples)), acc.gradient_accumulation_steps)
-    nll_sum = 0.0
+    # micro-batches of similar lengths, each trimmed to its longest example: little padding
+    lengths = batch["attention_mask"].sum(dim=1)
+    order = np.argsort(-lengths.numpy(), kind="stable")
+    micro_rows = np.array_split(order, acc.gradient_accumulation_steps)
+    nll_sum, forwarded = 0.0, 0
     learner.model.train()
 
     # 2. micro-batches: every process runs the same number of passes (collectives stay in step)
     def micro_loss(index: int) -> tuple[torch.Tensor, float]:
-        nonlocal nll_sum
+        nonlocal nll_sum, forwarded
         rows = micro_rows[index]
         picked = rows.tolist() or [0]
         weight = 0.0 if not len(rows) else 1.0
-        micro = {k: v[picked].to(acc.device) for k, v in batch.items()}
-        logits = learner.model(
-            input_ids=micro["input_ids"], attention_mask=micro["attention_mask"], use_cache=False
-        ).logits[:, :-1]
-        logp = selective_log_softmax(logits, micro["input_ids"][:, 1:])
-        nll = -(logp * micro["loss_mask"][:, 1:].float()).sum() * weight
+        width = int(lengths[picked].max())
+        micro = {k: v[picked, :width].to(acc.device) for k, v in batch.items()}
+        forwarded += len(rows) * width
+        trained = micro["loss_mask"][:, 1:]
+        logp = token_logprobs(acc, learner.model, micro["input_ids"], micro["attention_mask"], trained).logp
+        nll = -(logp * trained.float()).sum() * weight
         nll_sum += float(nll.detach())
         return nll, max(total_tokens, 1.0)  # the token mean over the whole step's batch
 
@@ -95,6 +97,8 @@ def sft_step(
         "sft/epoch": step * cfg.sft.batch_size / len(data.examples),
         "lr": learner.scheduler.get_last_lr()[0],
     }
+    if forwarded:
+        metrics["update/pad_fraction"] = 1.0 - float(lengths.sum()) / forwarded
     learner.scheduler.step()
     if grad_norm is not None:
         metrics["grad_norm"] = grad_norm

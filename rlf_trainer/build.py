@@ -3,7 +3,8 @@
 :class:`~rlf_trainer.trainer.Trainer` calls these once and hands the pieces to the steps as two
 state objects: :class:`~rlf_trainer.rollout.collect.RolloutState` (policy, envs, prompt stream)
 and :class:`~rlf_trainer.algorithms.optimize.Learner` (model, reference, optimizer, schedule).
-An evaluation (``evaluate_cli``) builds only the first.
+An evaluation (``rlf-eval``, :mod:`rlf_trainer.eval_cli`) builds only the first, with
+:func:`load_inference_model` instead of the model to train.
 """
 
 from __future__ import annotations
@@ -111,6 +112,15 @@ def load_model(config: Config, model_path: str) -> Any:
             ),
         )
     model.train()
+    return model
+
+
+def load_inference_model(config: Config, model_path: str) -> Any:
+    """The model as an evaluation samples it: the weights alone (no LoRA adapters, no gradient
+    checkpointing), in eval mode, without gradients."""
+    model = _from_pretrained(config, model_path)
+    model.requires_grad_(False)
+    model.eval()
     return model
 
 

@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -167,10 +168,20 @@ class Config(Section):
 # ---------------------------------------------------------------------------------------------------
 
 
-def load_config(path: str | os.PathLike[str] | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+def load_config(
+    path: str | os.PathLike[str] | None,
+    overrides: list[str] | tuple[str, ...] = (),
+    values: Mapping[str, Any] | None = None,
+) -> Config:
     """A validated :class:`Config` from a YAML file (or the defaults when ``path`` is None) plus overrides.
 
     Each override is ``dotted.key=value``; keys inside a dict field (``env.kwargs``) may be new.
+    ``values`` maps dotted keys to Python values, set after the overrides: a command line's typed
+    flags, which need no YAML round trip.
+
+    Example:
+        >>> load_config(None, ["model.path=a"], values={"model.path": "b: c", "env.kwargs.top_k": 2}).model.path
+        'b: c'
     """
     data: dict[str, Any] = {}
     if path is not None:
@@ -182,6 +193,8 @@ def load_config(path: str | os.PathLike[str] | None, overrides: list[str] | tupl
         data = loaded
     for override in overrides:
         key, value = parse_override(override)
+        _set_dotted(data, key.split("."), value)
+    for key, value in (values or {}).items():
         _set_dotted(data, key.split("."), value)
     return from_dict(data).validate()
 

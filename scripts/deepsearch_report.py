@@ -50,10 +50,12 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def last_eval(run: Path, folder: str) -> dict[str, float]:
-    """The last eval of the stage run in ``run/folder`` (``base``: ``run/base_eval.json``)."""
+    """The last eval of the stage run in ``run/folder`` (``base``: ``run/base_eval.json``, an
+    ``rlf-eval`` report whose ``metrics`` are the trainer's ``eval/*``; older files hold them alone)."""
     if folder == "base":
         path = run / "base_eval.json"
-        return json.loads(path.read_text()) if path.exists() else {}
+        report = json.loads(path.read_text()) if path.exists() else {}
+        return report.get("metrics", report)
     evals = [r for r in read_jsonl(run / folder / "metrics.jsonl") if "eval/accuracy" in r]
     return evals[-1] if evals else {}
 

@@ -10,8 +10,9 @@
 #   ONE_HOP=84 TWO_HOP=60 OUT=/tmp/ds_mix scripts/learning_runs.sh deepsearch 0
 #       # another mix of oracle demonstrations for the SFT (default 120 + 24); use a new OUT
 #
-# Writes $OUT/seed$SEED/{sft_data.jsonl, base_eval.json, sft/, grpo/, summary.json} and, over every
-# seed present, $OUT/deepsearch_summary.json and deepsearch_curves.png (scripts/deepsearch_report.py;
+# Writes $OUT/seed$SEED/{sft_data.jsonl, base_eval.json, base_eval.samples.jsonl, sft/, grpo/,
+# summary.json} (base_eval.json: rlf-eval's report of the trainer's eval on the base model) and, over
+# every seed present, $OUT/deepsearch_summary.json and deepsearch_curves.png (scripts/deepsearch_report.py;
 # its --copy-to docs/learning_runs puts them where docs/learning.md cites them). A GRPO variant's
 # files carry its name: $GRPO_NAME/, summary_$GRPO_NAME.json, deepsearch_summary_$GRPO_NAME.json...
 set -euo pipefail
@@ -44,8 +45,7 @@ done
 
 if [[ ! -s "$RUN/base_eval.json" ]]; then
   stamp "base model, greedy, test sample"
-  python -m rlf_trainer.evaluate_cli --config "$SFT_CONFIG" --out "$RUN/base_eval.json" \
-    seed="$SEED" logging.dir="$RUN" logging.run_name=base_eval "$@"
+  python -m rlf_trainer.eval_cli --config "$SFT_CONFIG" --out "$RUN/base_eval.json" seed="$SEED" "$@"  # rlf-eval
 fi
 
 if [[ ! -f "$RUN/sft/model/config.json" ]]; then

@@ -11,7 +11,8 @@ Import them from here (``from tests.helpers import free_port, http_server``), ne
   :func:`rlf_serve` (``python -m rlf_serve.app`` as a subprocess);
 - the tiny random Qwen3: :data:`TINY_MODEL_KWARGS`, :func:`build_tiny_model`, :func:`tiny_model_path`,
   :func:`forward_logprobs`, :data:`LOGPROB_ATOL`;
-- trainer runs: :func:`tiny_config`, :func:`train_py_command`, :func:`text_reward`, :func:`model_params`.
+- trainer runs: :func:`tiny_config`, :func:`train_py_command`, :func:`text_reward` (and
+  :func:`text_score`, the same without ``em``), :func:`model_params`.
 
 torch, transformers and the trainer are imported inside the functions that need them, so importing
 this module stays cheap for the env tests.
@@ -159,7 +160,7 @@ class OpenAITestServer:
     an empty message. Knobs: ``delay_s`` before each reply, ``fail_first`` (HTTP 500 for the first
     k requests), ``reply`` (a fixed reply text), ``responder`` (a function of the request body
     that returns the reply text). Counters: ``requests``, ``in_flight``,
-    ``peak_in_flight``, ``bodies``.
+    ``peak_in_flight``, ``bodies``, ``authorizations`` (each request's ``Authorization`` header, or None).
     """
 
     def __init__(self) -> None:
@@ -177,6 +178,7 @@ class OpenAITestServer:
         self.in_flight = 0
         self.peak_in_flight = 0
         self.bodies: list[dict[str, Any]] = []
+        self.authorizations: list[str | None] = []
 
     @property
     def url(self) -> str:
@@ -207,6 +209,7 @@ class OpenAITestServer:
         try:
             body = await request.json()
             self.bodies.append(body)
+            self.authorizations.append(request.headers.get("Authorization"))
             model = str(body.get("model", ""))
             if self.requests <= self.fail_first:
                 return web.json_response({"error": {"message": "scripted overload"}}, status=500)
@@ -314,6 +317,11 @@ def forward_logprobs(model: Any, prompt: list[int], completion: list[int]) -> An
 def text_reward(episode) -> dict[str, float]:
     """A reward with spread for a random model: a deterministic function of the final turn's text."""
     return {"reward": (sum(map(ord, episode.final_response)) % 5) / 4, "em": 0.0}
+
+
+def text_score(episode) -> dict[str, float]:
+    """:func:`text_reward` without ``em``: a reward whose env says nothing about correctness."""
+    return {"reward": text_reward(episode)["reward"]}
 
 
 def tiny_config(tiny_model_dir: Path, run_dir: Path, *overrides: str) -> Any:

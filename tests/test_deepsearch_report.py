@@ -88,3 +88,12 @@ def test_grpo_run_reads_a_variant_folder_and_copies_its_metrics_under_its_name(t
         "deepsearch_seed1_base_eval.json",
         "deepsearch_summary_grpo_2to3hops.json",
     ]
+
+
+def test_base_eval_is_read_from_an_rlf_eval_report_or_a_bare_metrics_file(tmp_path: Path) -> None:
+    row = eval_row((0.5, 0.25, 0.0))
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / "base_eval.json").write_text(json.dumps({"metrics": row, "counts": {"episodes": 60}}))
+    (tmp_path / "old").mkdir()  # written before rlf-eval: the eval/* metrics alone
+    (tmp_path / "old" / "base_eval.json").write_text(json.dumps(row))
+    assert report.last_eval(tmp_path / "new", "base") == report.last_eval(tmp_path / "old", "base") == row

@@ -68,7 +68,7 @@ TRAINER_LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("learning", ("rlf_trainer.algorithms", "rlf_trainer.data")),
     (
         "assembly",
-        ("rlf_trainer rlf_trainer.build rlf_trainer.trainer rlf_trainer.cli rlf_trainer.evaluate_cli",),
+        ("rlf_trainer rlf_trainer.build rlf_trainer.trainer rlf_trainer.cli rlf_trainer.eval_cli",),
     ),
 ]
 

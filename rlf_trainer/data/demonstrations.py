@@ -37,9 +37,12 @@ import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
+
+if TYPE_CHECKING:  # the module loads no torch: the rollout's types are imported where used
+    from rlf_trainer.rollout.text_rollout import TextTurn
 
 Message = dict[str, Any]
 AgentFn = Callable[[list[Message], list[dict[str, Any]], dict[str, Any]], "str | Awaitable[str]"]
@@ -88,14 +91,18 @@ class ScriptedAgent:
 class EndpointAgent:
     """Any OpenAI-compatible chat endpoint. The chat is sent as plain text turns (tools described in
     the system message, calls as ``<tool_call>`` blocks, results as ``<tool_response>`` blocks), so
-    any chat model works, with or without native tool calling."""
+    any chat model works, with or without native tool calling. ``rlf-eval`` plays its evals with
+    :meth:`turn` (seeded requests, the endpoint's finish reason and token counts)."""
 
     def __init__(self, base_url: str, model: str, *, temperature: float = 0.0, max_tokens: int = 256,
-                 timeout_s: float = 60.0) -> None:  # fmt: skip
+                 timeout_s: float = 60.0, top_p: float = 1.0, api_key: str | None = None,
+                 max_concurrency: int = 16) -> None:  # fmt: skip
         from rlf_envs.llm_client import OpenAIChatClient
 
-        self.client = OpenAIChatClient(base_url, model, timeout_s=timeout_s, retries=1)
+        self.client = OpenAIChatClient(base_url, model, timeout_s=timeout_s, retries=1, api_key=api_key,
+                                       max_concurrency=max_concurrency)  # fmt: skip
         self.temperature = temperature
+        self.top_p = top_p
         self.max_tokens = max_tokens
 
     async def check(self) -> None:
@@ -107,15 +114,28 @@ class EndpointAgent:
         except ChatCompletionError as exc:
             raise CollectError(f"the endpoint {self.client.url} did not answer: {exc}") from exc
 
+    async def turn(
+        self, messages: list[Message], tools: list[dict[str, Any]], seed: int | None = None
+    ) -> TextTurn:
+        """The next assistant turn, sent with ``seed`` (for endpoints that sample reproducibly), and
+        what the endpoint says about it: finish reason and token usage."""
+        from rlf_trainer.rollout.chat import plain_messages
+        from rlf_trainer.rollout.text_rollout import TextTurn
+
+        extra: dict[str, Any] = {} if seed is None else {"seed": seed}
+        if self.top_p != 1.0:
+            extra["top_p"] = self.top_p
+        reply = await self.client.complete(
+            plain_messages(messages, tools), max_tokens=self.max_tokens, temperature=self.temperature, **extra
+        )
+        usage = reply.usage
+        return TextTurn(reply.text, reply.finish_reason or "stop", int(usage.get("prompt_tokens") or 0),
+                        int(usage.get("completion_tokens") or 0))  # fmt: skip
+
     async def __call__(
         self, messages: list[Message], tools: list[dict[str, Any]], info: dict[str, Any]
     ) -> str:
-        from rlf_trainer.rollout.chat import plain_messages
-
-        reply = await self.client.complete(
-            plain_messages(messages, tools), max_tokens=self.max_tokens, temperature=self.temperature
-        )
-        return reply.text
+        return (await self.turn(messages, tools)).text
 
 
 class LocalModelAgent:

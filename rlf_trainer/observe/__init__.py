@@ -1,1 +1,1 @@
-"""What a run shows about itself: metrics, health checks, the token budget, progress, evaluation."""
+"""What a run shows about itself: metrics, health checks, the token budget, progress, evaluation (pass@k)."""

@@ -1,4 +1,4 @@
-"""What a run prints while it trains: a rich bar on a terminal, one line a step elsewhere.
+"""What a run prints while it trains (a rich bar on a terminal, one line a step elsewhere) or evaluates.
 
 Example:
     >>> progress_line(3, 12, {"reward/mean": 0.5, "time/step": 41.96, "eval/reward": 1.0})
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -81,4 +82,51 @@ def step_printer(
         yield advance
 
 
-__all__ = ["flat_hparams", "progress_line", "step_printer"]
+def episodes_line(label: str, done: int, total: int, elapsed_s: float) -> str:
+    """The progress line of an evaluation when stderr is not a terminal, with the time to go.
+
+    Example:
+        >>> episodes_line("rlf-eval", 16, 64, elapsed_s=12.0)
+        'rlf-eval 16/64 episodes  12 s  ~36 s to go'
+        >>> episodes_line("rlf-eval", 10, 40, elapsed_s=300.0)
+        'rlf-eval 10/40 episodes  5.0 min  ~15.0 min to go'
+    """
+    left_s = elapsed_s / done * (total - done) if done else float("nan")
+    return f"{label} {done}/{total} episodes  {_duration(elapsed_s)}  ~{_duration(left_s)} to go"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+@contextlib.contextmanager
+def episode_progress(label: str, total: int, *, enabled: bool = True) -> Iterator[Callable[[int], None]]:
+    """Yields ``advance(n)``, called as ``n`` more episodes finish; everything goes to stderr (stdout
+    stays for results). A rich bar with the time to go on a terminal; otherwise about one line
+    (:func:`episodes_line`) per tenth of the episodes. ``enabled`` False prints nothing."""
+    if not enabled or total <= 0:
+        yield lambda n: None
+        return
+    started = time.perf_counter()
+    if not sys.stderr.isatty():
+        state = {"done": 0, "next": 0}
+
+        def advance_line(n: int) -> None:
+            state["done"] += n
+            if state["done"] >= state["next"] or state["done"] == total:
+                state["next"] = state["done"] + max(1, total // 10)
+                print(episodes_line(label, state["done"], total, time.perf_counter() - started),
+                      file=sys.stderr, flush=True)  # fmt: skip
+
+        yield advance_line
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = (TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True)) as progress:
+        task = progress.add_task("", total=total)
+        yield lambda n: progress.update(task, advance=n)
+
+
+__all__ = ["episode_progress", "episodes_line", "flat_hparams", "progress_line", "step_printer"]

@@ -1,1 +1,2 @@
-"""Playing episodes: chat token assembly, trajectories, lockstep and async rollouts, a step's collection."""
+"""Playing episodes: chat token assembly, trajectories, lockstep and async rollouts (token ids), the text
+rollout of an endpoint, a step's collection."""

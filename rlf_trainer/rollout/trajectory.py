@@ -7,7 +7,9 @@ message on a dialogue turn, with loss 0), and
 :func:`rlf_trainer.rollout.batch.to_batch` pads the finished episodes into a
 :class:`~rlf_trainer.rollout.batch.RolloutBatch`. The lockstep rollout
 (:mod:`rlf_trainer.rollout.lockstep`) and the async one (:mod:`rlf_trainer.rollout.async_rollout`) differ only in
-when they call these.
+when they call these. :func:`record_step` is the part of :func:`apply_step` without tokens: the
+text rollout (:mod:`rlf_trainer.rollout.text_rollout`, an agent behind an endpoint) scores its
+episodes with it, so both count turns, tool calls, errors and finish reasons the same way.
 """
 
 from __future__ import annotations
@@ -326,14 +328,10 @@ class TurnContext:
     max_total_tokens: int
 
 
-def apply_step(
-    traj: Trajectory,
-    index: int,
-    step: tuple[float, bool, bool, dict[str, Any]],
-    completion: Completion | None,
-    context: TurnContext,
-) -> None:
-    """Fold env ``index``'s ``(reward, terminated, truncated, info)`` into its trajectory."""
+def record_step(traj: Trajectory, index: int, step: tuple[float, bool, bool, dict[str, Any]]) -> bool:
+    """Count env ``index``'s ``(reward, terminated, truncated, info)`` in the trajectory's stats and
+    messages, and finish it when the episode ended (returns whether it did). No tokens: what the
+    token rollouts and the text rollout (:mod:`rlf_trainer.rollout.text_rollout`) share."""
     reward, terminated, truncated, info = step
     if info.get(INACTIVE):
         raise RolloutError(
@@ -350,7 +348,21 @@ def apply_step(
         traj.messages = list(info[MESSAGES])
     if terminated or truncated:
         finish_trajectory(traj, float(reward), info, terminated=bool(terminated))
+        return True
+    return False
+
+
+def apply_step(
+    traj: Trajectory,
+    index: int,
+    step: tuple[float, bool, bool, dict[str, Any]],
+    completion: Completion | None,
+    context: TurnContext,
+) -> None:
+    """Fold env ``index``'s ``(reward, terminated, truncated, info)`` into its trajectory."""
+    if record_step(traj, index, step):
         return
     if traj.force_finish:
         raise RolloutError(f"env {index} did not end the episode on an empty assistant turn")
+    info = step[3]
     append_tool_delta(context.tokenizer, traj, info, completion, context.end_id, context.max_total_tokens)

@@ -13,6 +13,7 @@ Example:
     rlf-bench train                           # 2 prompts x 4 generations, 32 tokens, 3 steps
     rlf-bench train --prompts 4 --generations 8 --max-new-tokens 64 --steps 4 --json
     rlf-bench train --num-processes 2         # ours on 1 vs 2 processes (rlf_bench.scale_bench)
+    rlf-bench train --config X.yaml           # ours on a config, fp32 vs bf16 per phase (rlf_bench.speed_bench)
 """
 
 from __future__ import annotations
@@ -271,6 +272,11 @@ def format_train_report(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a == "--config" or a.startswith("--config=") for a in argv):  # our trainer per precision
+        from rlf_bench.speed_bench import main as speed_main
+
+        return speed_main(argv)
     parser = argparse.ArgumentParser(prog="rlf-bench train", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="HF model folder (default: the tiny random Qwen3)")
     parser.add_argument("--prompts", type=int, default=2)

@@ -92,7 +92,8 @@ def load_backend(
     """Load ``model`` (a Hugging Face folder or hub id) behind :class:`PolicyChatBackend`.
 
     ``hf``: transformers on ``device`` (default cuda if available, else cpu); ``dtype`` "auto" is
-    bfloat16 on cuda and float32 on cpu. ``vllm``: :class:`~rlf_trainer.policy.vllm.VLLMPolicy`.
+    bfloat16 where the device has bf16 arithmetic (a CUDA device that reports it, a CPU with
+    AVX512-BF16 or AMX) and float32 elsewhere. ``vllm``: :class:`~rlf_trainer.policy.vllm.VLLMPolicy`.
     """
     if backend == "vllm":
         from rlf_trainer.policy.vllm import VLLMPolicy
@@ -109,8 +110,13 @@ def load_backend(
     from rlf_trainer.policy.hf import HFPolicy
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if dtype == "auto":
-        torch_dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    if dtype == "auto":  # bf16 where the chip multiplies it natively (the trainer's mixed_precision rule)
+        from rlf_trainer.run.precision import NATIVE_BF16_CPU_FLAGS, cuda_has_bf16, read_cpu_flags
+
+        native = (
+            cuda_has_bf16() if device.startswith("cuda") else bool(read_cpu_flags() & NATIVE_BF16_CPU_FLAGS)
+        )
+        torch_dtype = torch.bfloat16 if native else torch.float32
     else:
         torch_dtype = getattr(torch, dtype)
     tokenizer = AutoTokenizer.from_pretrained(model)

@@ -161,8 +161,13 @@ def make_policy(config: Config, accelerator: Any, model: Any, tokenizer: Any, mo
     if cfg.policy.backend == "hf":
         from rlf_trainer.policy.hf import HFPolicy
 
+        # under bf16 mixed precision the policy samples with a bf16 copy (synced after each step)
+        dtype = torch.bfloat16 if cfg.mixed_precision == "bf16" else None
         return HFPolicy(
-            accelerator.unwrap_model(model), tokenizer, prefix_cache_tokens=cfg.policy.hf_prefix_cache_tokens
+            accelerator.unwrap_model(model),
+            tokenizer,
+            prefix_cache_tokens=cfg.policy.hf_prefix_cache_tokens,
+            generation_dtype=dtype,
         )
     from rlf_trainer.policy.vllm import VLLMPolicy
 

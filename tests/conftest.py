@@ -15,13 +15,17 @@ Fixtures here:
   training run of it has tool calls to show;
 - ``openai_server_instance`` (module) and ``openai_server`` (reset for each test): a scripted
   OpenAI-compatible server (:class:`tests.helpers.OpenAITestServer`);
-- ``world`` (module): the generated DeepSearch world of seed 0.
+- ``world`` (module): the generated DeepSearch world of seed 0;
+- ``_fresh_accelerate_state`` (autouse): Accelerate keeps one setting per process (mixed precision
+  among them) in a singleton; each test ends by forgetting it, so the next test's trainer starts as
+  a new run does.
 
 torch and transformers are imported inside the fixtures, so env-only test runs never load them.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -111,3 +115,16 @@ def world() -> Any:
     from rlf_envs.tasks.deepsearch.world import generate_world
 
     return generate_world(0)
+
+
+# ------------------------------------------------------------------------------------------------
+# Accelerate's per-process state
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state() -> Iterator[None]:
+    yield
+    state = sys.modules.get("accelerate.state")  # only where a test imported accelerate
+    if state is not None:
+        state.AcceleratorState._reset_state(reset_partial_state=True)

@@ -325,7 +325,11 @@ def text_score(episode) -> dict[str, float]:
 
 
 def tiny_config(tiny_model_dir: Path, run_dir: Path, *overrides: str) -> Any:
-    """examples/configs/tiny_test.yaml on the tiny model, logging to ``run_dir``, rewarded by :func:`text_reward`."""
+    """examples/configs/tiny_test.yaml on the tiny model, logging to ``run_dir``, rewarded by :func:`text_reward`.
+
+    fp32 unless an override says otherwise: the tests' exact figures must not depend on whether the
+    machine's CPU has bf16 (``mixed_precision: auto``); the bf16 tests ask for it.
+    """
     from rlf_trainer.config import load_config
 
     config = load_config(
@@ -336,6 +340,7 @@ def tiny_config(tiny_model_dir: Path, run_dir: Path, *overrides: str) -> Any:
             f"logging.dir={run_dir}",
             f"env.kwargs.mcp_servers.mcpServers.latency.command={sys.executable}",
             "logging.progress_bar=false",
+            "mixed_precision=no",
             *overrides,
         ],
     )

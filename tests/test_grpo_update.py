@@ -165,3 +165,103 @@ def test_a_kl_penalty_forwards_every_episode():
     assert with_signal(parts, zero, rows).tolist() == [True, True]  # type: ignore[arg-type]
     parts.config.algorithm.beta = 0.0
     assert with_signal(parts, zero, rows).tolist() == [False, False]  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------------------------
+# The update's forward on a real model: chunked projection, bf16, length-sorted micro-batches
+# ------------------------------------------------------------------------------------------------
+
+
+def varied_batch(vocab: int, lengths: tuple[int, ...] = (30, 9, 22, 14)) -> RolloutBatch:
+    """Right-padded episodes of different lengths, the second half of each one trained."""
+    generator = torch.Generator().manual_seed(0)
+    width, n = max(lengths), len(lengths)
+    ids = torch.zeros(n, width, dtype=torch.long)
+    attention, trained = torch.zeros(n, width, dtype=torch.long), torch.zeros(n, width, dtype=torch.long)
+    for row, length in enumerate(lengths):
+        ids[row, :length] = torch.randint(3, vocab, (length,), generator=generator)
+        attention[row, :length] = 1
+        trained[row, length // 2 : length] = 1
+    return RolloutBatch(
+        input_ids=ids,
+        attention_mask=attention,
+        loss_mask=trained,
+        old_logprobs=torch.zeros(n, width),
+        rewards=torch.zeros(n),
+        stats=[EpisodeStats(task_id=str(i), group=0) for i in range(n)],
+        transcripts=[[] for _ in range(n)],
+        timings={},
+    )
+
+
+def fresh_accelerator(precision: str) -> Accelerator:
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)  # one precision per process otherwise
+    return Accelerator(cpu=True, mixed_precision=precision)
+
+
+def test_chunked_projection_gives_the_plain_logprobs_and_gradients(tiny_model):
+    from rlf_trainer.algorithms.losses import selective_log_softmax
+    from rlf_trainer.algorithms.optimize import token_logprobs
+
+    batch = varied_batch(tiny_model.config.vocab_size)
+    trained = batch.loss_mask[:, 1:]
+    chunked = token_logprobs(
+        fresh_accelerator("no"), tiny_model, batch.input_ids, batch.attention_mask, trained
+    )
+    (chunked.logp * trained).sum().backward()
+    chunked_grads = {n: p.grad.clone() for n, p in tiny_model.named_parameters()}
+    tiny_model.zero_grad()
+    logits = tiny_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
+    plain = selective_log_softmax(logits, batch.input_ids[:, 1:]) * trained
+    plain.sum().backward()
+    assert torch.allclose(chunked.logp, plain, atol=1e-5)
+    assert (chunked.logp[trained == 0] == 0).all() and (chunked.logp[trained == 1] < 0).all()
+    for name, param in tiny_model.named_parameters():
+        assert torch.allclose(chunked_grads[name], param.grad, atol=1e-5), name
+
+
+def test_bf16_logprobs_are_within_bf16_tolerance_of_fp32(tiny_model):
+    from rlf_trainer.algorithms.optimize import token_logprobs
+
+    batch = varied_batch(tiny_model.config.vocab_size)
+    trained = batch.loss_mask[:, 1:]
+    args = (batch.input_ids, batch.attention_mask, trained)
+    with torch.no_grad():
+        fp32 = token_logprobs(fresh_accelerator("no"), tiny_model, *args).logp
+        bf16 = token_logprobs(fresh_accelerator("bf16"), tiny_model, *args).logp
+    gap = (bf16 - fp32)[trained == 1].abs()
+    assert bf16.dtype == torch.float32  # the log-softmax is taken in fp32 from bf16 logits
+    assert 0 < gap.max() < 0.05 and gap.mean() < 0.01, (gap.max(), gap.mean())
+
+
+def test_length_sorted_micro_batches_give_the_one_batch_update(tiny_model_dir):
+    """Two trimmed, length-sorted micro-batches and one padded batch: the same step, up to rounding."""
+    from transformers import AutoModelForCausalLM
+
+    results = []
+    for accumulation in (1, 2):
+        config = from_dict(
+            {
+                "model": {"path": "unused"},
+                "algorithm": {"loss": "dapo", "group_size": 4, "num_iterations": 2},
+                "optim": {"lr": 1e-2, "max_grad_norm": 0.0, "gradient_accumulation_steps": accumulation},
+            }
+        )
+        accelerator = fresh_accelerator("no")
+        accelerator.gradient_accumulation_steps = accumulation
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+        learner = Learner(config, accelerator, model, None, optimizer, scheduler)
+        batch = varied_batch(model.config.vocab_size)
+        advantages = torch.tensor([[1.0], [-0.5], [0.25], [-0.75]]).expand_as(batch.loss_mask).float()
+        metrics = update(learner, batch, advantages * batch.loss_mask, keep=[0, 1, 2, 3])
+        results.append((metrics, {k: v.detach().clone() for k, v in model.state_dict().items()}))
+    (one, one_params), (two, two_params) = results
+    assert two["update/pad_fraction"] < one["update/pad_fraction"]  # trimmed micro-batches pad less
+    assert two["loss"] == pytest.approx(one["loss"], abs=1e-6)
+    for name, value in one_params.items():
+        assert torch.allclose(two_params[name], value, atol=1e-6), name

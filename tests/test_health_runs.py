@@ -164,13 +164,19 @@ def test_a_reward_paying_only_for_format_trips_reward_off_goal(tiny_model, tiny_
 
 
 def test_an_engine_not_given_new_weights_trips_sampler_mismatch(tiny_model_dir, tmp_path):
-    """The policy generates with a frozen copy of the start weights while the trainer's copy learns."""
+    """The policy generates with a frozen copy of the start weights, which drops every weight push,
+    while the trainer's copy learns."""
+
+    class DeafPolicy(HFPolicy):  # a sampler whose weight sync is broken
+        def update_weights(self, model: torch.nn.Module) -> None:
+            pass
+
     config = run_without_tools(tiny_model_dir, tmp_path, "stale", "optim.lr=0.05", "max_steps=2")
     trainer = Trainer(config)
     frozen = type(trainer.accelerator.unwrap_model(trainer.model)).from_pretrained(
         tiny_model_dir, dtype=torch.float32
     )
-    trainer.policy = trainer.rollout.policy = HFPolicy(frozen, trainer.tokenizer)
+    trainer.policy = trainer.rollout.policy = DeafPolicy(frozen, trainer.tokenizer)
     history = trainer.train()
     kl = [r["sampler_kl"] for r in history.records]
     assert abs(kl[0]) < 1e-4 and kl[1] > 0.05  # step 1 samples the start weights; step 2 should not

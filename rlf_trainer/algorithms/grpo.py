@@ -93,6 +93,8 @@ def train_step(
 
     metrics |= rollout_metrics(batch.stats) | fill_info
     metrics["kept_episodes"] = float(len(keep))
+    metrics["rollout/tokens"] = float(collected.batch.attention_mask.sum())  # this process's sequences
+    metrics["rollout/generated_tokens"] = float(collected.batch.loss_mask.sum())
     if separate_sampler:  # the HF policy samples with the trained weights: always 0 there
         metrics["rollout/staleness"] = float(staleness)
     timings = collected.batch.timings
@@ -232,6 +234,7 @@ def update(
     out = dict(sums) | {"lr": learner.scheduler.get_last_lr()[0]}
     if forwarded:  # padding: the share of forwarded token positions that are not tokens
         out["update/pad_fraction"] = 1.0 - real / forwarded
+        out["update/tokens"] = real  # with gradient, this process (rlf-bench train's FLOPs)
     out["trained_share"] = sum(n.sequences for n in signal_norms) / max(sum(n.sequences for n in norms), 1.0)
     if measure_sampler_kl and "sampler_kl" not in out:  # no process forwarded an episode
         out["sampler_kl"] = sampler_kl_without_update(learner, batch, keep)

@@ -99,6 +99,7 @@ def sft_step(
     }
     if forwarded:
         metrics["update/pad_fraction"] = 1.0 - float(lengths.sum()) / forwarded
+        metrics["update/tokens"] = float(lengths.sum())
     learner.scheduler.step()
     if grad_norm is not None:
         metrics["grad_norm"] = grad_norm

@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -64,6 +65,11 @@ class HFPolicy:
     ``prefix_cache_tokens``: key/value states of up to that many tokens are kept between calls, so a
     multi-turn rollout's next turn computes only its new tokens (:mod:`~rlf_trainer.policy.prefix_cache`;
     0 turns it off, and models with sliding-window layers never use it).
+
+    ``generation_dtype`` other than the model's (bf16 for an fp32 model under bf16 mixed precision):
+    the policy samples with its own copy in that dtype (LoRA merged), which :meth:`update_weights`
+    refreshes after each optimizer step. Autocast would cast every weight at every decoding step,
+    which costs as much as it saves; a bf16 copy decodes at the bf16 rate.
     """
 
     def __init__(
@@ -73,12 +79,13 @@ class HFPolicy:
         *,
         max_batch_size: int | None = None,
         prefix_cache_tokens: int = 32768,
+        generation_dtype: torch.dtype | None = None,
     ) -> None:
-        self.model = model
+        self.model = _generation_copy(model, generation_dtype)
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
-        use_store = prefix_cache_tokens > 0 and supports_prefix_cache(model)
-        self.prefix_cache = PrefixKVStore(model, prefix_cache_tokens) if use_store else None
+        use_store = prefix_cache_tokens > 0 and supports_prefix_cache(self.model)
+        self.prefix_cache = PrefixKVStore(self.model, prefix_cache_tokens) if use_store else None
 
     @property
     def device(self) -> torch.device:
@@ -188,6 +195,20 @@ class HFPolicy:
         """Release the stored prefix states; the model belongs to the caller."""
         if self.prefix_cache is not None:
             self.prefix_cache.clear()
+
+
+def _generation_copy(model: Any, dtype: torch.dtype | None) -> Any:
+    """``model`` itself when it already computes in ``dtype`` (or none is asked), else a frozen copy
+    in ``dtype`` with any LoRA adapters merged in."""
+    core = _core_module(model) if not hasattr(model, "peft_config") else model
+    if dtype is None or next(core.parameters()).dtype == dtype:
+        return model
+    twin = copy.deepcopy(core)
+    for patched in ("forward", "_original_forward"):  # Accelerate's autocast wrapper of the trained model
+        twin.__dict__.pop(patched, None)
+    if hasattr(twin, "merge_and_unload"):  # PEFT: generate with the merged weights
+        twin = twin.merge_and_unload()
+    return twin.to(dtype).requires_grad_(False).eval()
 
 
 def _core_module(model: torch.nn.Module) -> torch.nn.Module:

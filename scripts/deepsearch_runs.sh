@@ -10,6 +10,9 @@
 #   ONE_HOP=84 TWO_HOP=60 OUT=/tmp/ds_mix scripts/learning_runs.sh deepsearch 0
 #       # another mix of oracle demonstrations for the SFT (default 120 + 24); use a new OUT
 #
+# The oracle demonstrations stop at MAX_HOPS searches (default 2: rlf-collect --max-hops): the SFT
+# data never shows a third search, so what the model learns about 3-hop questions comes from GRPO.
+#
 # Writes $OUT/seed$SEED/{sft_data.jsonl, base_eval.json, sft/, grpo/, summary.json} and, over every
 # seed present, $OUT/deepsearch_summary.json and deepsearch_curves.png (scripts/deepsearch_report.py;
 # its --copy-to docs/learning_runs puts them where docs/learning.md cites them). A GRPO variant's
@@ -26,17 +29,19 @@ GRPO_NAME=${GRPO_NAME:-grpo}
 read -r -a GRPO_EXTRA <<< "${GRPO_OVERRIDES:-}"
 ONE_HOP=${ONE_HOP:-120}
 TWO_HOP=${TWO_HOP:-24}
+MAX_HOPS=${MAX_HOPS:-2}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$RUN"
 stamp() { echo "== $(date -u +%H:%M:%S) seed $SEED: $*"; }
 
-stamp "collect $ONE_HOP one-hop + $TWO_HOP two-hop oracle demonstrations (train split)"
+stamp "collect $ONE_HOP one-hop + $TWO_HOP two-hop oracle demonstrations (train split, at most $MAX_HOPS searches)"
 for spec in "1:$ONE_HOP" "2:$TWO_HOP"; do
   hops=${spec%%:*}
   count=${spec##*:}
   if [[ "$count" -gt 0 ]]; then
-    python -m rlf_trainer.data.demonstrations_cli RLF/DeepSearch-v0 --agent deepsearch-oracle --where "hops=$hops" \
+    python -m rlf_trainer.data.demonstrations_cli RLF/DeepSearch-v0 --agent deepsearch-oracle --max-hops "$MAX_HOPS" \
+      --where "hops=$hops" \
       --sample "$count" --seed "$SEED" --env-kwargs '{"world_seed": 0, "max_turns": 4, "top_k": 2}' \
       --out "$RUN/sft_data.jsonl" --resume
   fi

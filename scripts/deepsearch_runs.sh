@@ -9,6 +9,10 @@
 #       # a GRPO variant from the same SFT model, in its own run folder (overrides for GRPO only)
 #   ONE_HOP=84 TWO_HOP=60 OUT=/tmp/ds_mix scripts/learning_runs.sh deepsearch 0
 #       # another mix of oracle demonstrations for the SFT (default 120 + 24); use a new OUT
+#   G=algorithm.guidance; GRPO_NAME=grpo_guided \
+#   GRPO_OVERRIDES="$G.enabled=true $G.demonstrator=deepsearch-oracle $G.max_hops=2" scripts/learning_runs.sh deepsearch 0
+#       # GRPO with guidance: the oracle (at most 2 searches) plays a group's question when all its
+#       # samples fail, and its episode joins the group (docs/trainer.md, "Guidance")
 #
 # The oracle demonstrations stop at MAX_HOPS searches (default 2: rlf-collect --max-hops): the SFT
 # data never shows a third search, so what the model learns about 3-hop questions comes from GRPO.

@@ -17,6 +17,7 @@ _NEEDS_TINY_TOKENIZER = (
     "rlf_trainer.rollout.chat",
     "rlf_trainer.observe.budget",
     "rlf_trainer.algorithms.sft_data",
+    "rlf_trainer.rollout.guidance",
 )
 # ... and `tiny_model_dir` (and, for the Policy contract, `policy`: an HFPolicy on the tiny model).
 _NEEDS_TINY_MODEL = ("rlf_trainer.policy.hf", "rlf_trainer.policy.base")

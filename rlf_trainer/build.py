@@ -20,6 +20,7 @@ import torch
 from rlf_trainer.algorithms.optimize import Learner
 from rlf_trainer.config import Config, ConfigError
 from rlf_trainer.policy.base import Policy
+from rlf_trainer.rollout.guidance import Demonstrator
 from rlf_trainer.run.schedule import lr_scheduler
 
 
@@ -182,6 +183,29 @@ def make_policy(config: Config, accelerator: Any, model: Any, tokenizer: Any, mo
         seed=cfg.seed + accelerator.process_index,
         tokenizer=tokenizer,
     )
+
+
+def make_demonstrator(config: Config) -> Demonstrator | None:
+    """``algorithm.guidance``'s demonstrator, one of rlf-collect's agents (None when guidance is off).
+
+    An endpoint is asked one tiny request first, so an unreachable one fails here, not mid-run.
+    """
+    import asyncio
+
+    from rlf_trainer.data.demonstrations import CollectError, build_agent
+
+    g = config.algorithm.guidance
+    if not g.enabled:
+        return None
+    try:
+        agent = build_agent(g.demonstrator, base_url=g.base_url, model=g.model, env_kwargs=config.env.kwargs,
+                            temperature=g.temperature, max_tokens=g.max_tokens, max_hops=g.max_hops)  # fmt: skip
+        check = getattr(agent, "check", None)
+        if check is not None:
+            asyncio.run(check())
+    except CollectError as exc:
+        raise ConfigError(f"algorithm.guidance: {exc}") from exc
+    return agent
 
 
 def learner(config: Config, accelerator: Any, model_path: str) -> Learner:

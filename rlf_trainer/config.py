@@ -38,6 +38,7 @@ from rlf_trainer.config_sections import (
     DistributedConfig,
     EnvConfig,
     EvalConfig,
+    GuidanceConfig,
     HealthConfig,
     LoggingConfig,
     LoraConfig,
@@ -58,6 +59,46 @@ def _yaml_no(value: Any) -> Any:
 
 class ConfigError(ValueError):
     """A config file or override names an unknown key, has a wrong type or an inconsistent value."""
+
+
+def check_guidance(guidance: GuidanceConfig, algorithm: AlgorithmConfig) -> None:
+    """The rules of ``algorithm.guidance`` that tie its keys together (nothing to check when it is off).
+
+    Example:
+        >>> check_guidance(GuidanceConfig(enabled=True), AlgorithmConfig())
+        Traceback (most recent call last):
+        ...
+        rlf_trainer.config.ConfigError: algorithm.guidance.enabled needs a demonstrator: algorithm.guidance.demonstrator (deepsearch-oracle or module:callable), or algorithm.guidance.base_url with algorithm.guidance.model
+    """
+    key = "algorithm.guidance"
+    if not guidance.enabled:
+        return
+    if algorithm.name != "grpo":
+        raise ConfigError(f"{key} mixes demonstrations into GRPO groups: it needs algorithm.name=grpo")
+    if algorithm.group_size < 2:
+        raise ConfigError(
+            f"{key} needs algorithm.group_size >= 2: a demonstration alone in its group has no baseline"
+        )
+    if algorithm.loss == "gspo":
+        raise ConfigError(
+            f"{key} shapes the demonstration's token probabilities (LUFFY), which gspo's one ratio per "
+            "sequence does not have: use algorithm.loss grpo, dr_grpo or dapo"
+        )
+    if guidance.probability == 0:
+        raise ConfigError(
+            f"{key}.probability=0 never guides a group: set it in (0, 1] or turn {key}.enabled off"
+        )
+    if bool(guidance.demonstrator) == bool(guidance.base_url):
+        raise ConfigError(
+            f"{key}.enabled needs {'one' if guidance.demonstrator else 'a'} demonstrator: {key}.demonstrator "
+            f"(deepsearch-oracle or module:callable), or {key}.base_url with {key}.model"
+        )
+    if bool(guidance.base_url) != bool(guidance.model):
+        raise ConfigError(f"{key}.base_url and {key}.model go together (the endpoint and its model name)")
+    if guidance.max_hops is not None and guidance.demonstrator != "deepsearch-oracle":
+        raise ConfigError(
+            f"{key}.max_hops limits the scripted DeepSearch oracle: set {key}.demonstrator=deepsearch-oracle"
+        )
 
 
 class Config(Section):
@@ -136,6 +177,7 @@ class Config(Section):
                 "old_logprobs=recompute the ratio is exactly 1 and nothing is clipped (set "
                 "algorithm.num_iterations > 1, algorithm.mini_batches > 1 or old_logprobs=rollout)"
             )
+        check_guidance(algo.guidance, algo)
         if algo.loss == "gspo" and algo.turn_rewards != "sum":
             raise ConfigError("gspo has one ratio per sequence: algorithm.turn_rewards must be 'sum'")
         if rollout.overlap and self.policy.backend != "vllm":

@@ -104,6 +104,35 @@ class RolloutConfig(Section):
     drop_sim_errors: bool = True
 
 
+class GuidanceConfig(Section):
+    """``algorithm.guidance``: demonstrations inside GRPO groups (off by default; docs/trainer.md, "Guidance").
+
+    A demonstrator plays a group's task and its episode replaces the group's worst sample (the
+    batch keeps its shape). Which groups: ``when: all_fail``, those none of whose samples reached
+    ``success_reward``; ``always``, every group; each with ``probability`` (a draw seeded by the
+    run seed, the step and the group). A demonstration that does not reach ``success_reward``
+    itself is dropped. Its tokens train with LUFFY's policy shaping, ``-f(pi) A`` with
+    ``f(p) = p / (p + shaping_gamma)`` and no clip (:func:`rlf_trainer.algorithms.losses.policy_shaping_terms`).
+
+    The demonstrator is rlf-collect's (:func:`rlf_trainer.data.demonstrations.build_agent`):
+    ``demonstrator`` names a scripted one (``deepsearch-oracle``, with at most ``max_hops``
+    searches, or ``module:callable``), or ``base_url`` + ``model`` an OpenAI-compatible endpoint
+    (sampled at ``temperature``, ``max_tokens`` a turn).
+    """
+
+    enabled: bool = False
+    when: Literal["all_fail", "always"] = "all_fail"
+    probability: Number = Field(1.0, ge=0, le=1)
+    success_reward: Number = 1.0
+    demonstrator: str | None = None
+    max_hops: int | None = Field(None, ge=1)
+    base_url: str | None = None
+    model: str | None = None
+    temperature: Number = Field(0.0, ge=0)
+    max_tokens: int = Field(256, ge=1)
+    shaping_gamma: Number = Field(0.1, gt=0)
+
+
 class AlgorithmConfig(Section):
     """The GRPO-family objective (see :mod:`rlf_trainer.algorithms.losses`).
 
@@ -129,6 +158,7 @@ class AlgorithmConfig(Section):
     ``overlong_buffer`` > 0: DAPO's soft overlong punishment on the episode reward, a ramp from 0
     to ``-overlong_penalty_factor`` over the last ``overlong_buffer`` tokens before
     ``rollout.max_new_tokens`` (per turn: an episode's longest turn counts).
+    ``guidance``: demonstrations inside the groups (:class:`GuidanceConfig`).
     """
 
     name: Literal["grpo", "sft"] = "grpo"  # sft: supervised fine-tuning on sft.data (docs/sft.md)
@@ -149,6 +179,7 @@ class AlgorithmConfig(Section):
     mini_batches: int = Field(1, ge=1)
     overlong_buffer: int = Field(0, ge=0)
     overlong_penalty_factor: Number = Field(1.0, ge=0)
+    guidance: GuidanceConfig = Field(default_factory=GuidanceConfig)
 
     @property
     def ratio_is_one(self) -> bool:

@@ -122,7 +122,10 @@ class Trainer:
             self.health_log = HealthLog(self.run_dir if acc.is_main_process else None, config.health.fail_on)
             sampler = PromptSampler(build.num_train_tasks(config, self.envs), config.seed)
             self.policy: Policy = build.make_policy(config, acc, self.model, self.tokenizer, self.model_path)
-            self.rollout = RolloutState(config, acc, self.policy, self.envs, sampler)
+            demonstrator = build.make_demonstrator(config)  # algorithm.guidance (None when it is off)
+            self.rollout = RolloutState(
+                config, acc, self.policy, self.envs, sampler, demonstrator=demonstrator
+            )
             self.prefetch = Prefetch() if config.rollout.overlap else None
             self.sft_data, self.sft_sampler = self._load_sft_data()
             self._resume()
@@ -234,7 +237,7 @@ class Trainer:
         metrics = distributed.mean_over_processes(self.accelerator, metrics)
         # std and fractions over every process's episodes, not a mean of the processes' values
         if self.accelerator.num_processes > 1:
-            metrics |= rollout_metrics(gather_object(list(batch.stats)))
+            metrics |= rollout_metrics(grpo.own_episodes(gather_object(list(batch.stats))))
         if cfg.logging.samples_jsonl and cfg.logging.samples_per_step and self.accelerator.is_main_process:
             append_jsonl(
                 self.run_dir / "train_samples.jsonl",

@@ -9,6 +9,13 @@
 #       # a GRPO variant from the same SFT model, in its own run folder (overrides for GRPO only)
 #   ONE_HOP=84 TWO_HOP=60 OUT=/tmp/ds_mix scripts/learning_runs.sh deepsearch 0
 #       # another mix of oracle demonstrations for the SFT (default 120 + 24); use a new OUT
+#   G=algorithm.guidance; GRPO_NAME=grpo_guided \
+#   GRPO_OVERRIDES="$G.enabled=true $G.demonstrator=deepsearch-oracle $G.max_hops=2" scripts/learning_runs.sh deepsearch 0
+#       # GRPO with guidance: the oracle (at most 2 searches) plays a group's question when all its
+#       # samples fail, and its episode joins the group (docs/trainer.md, "Guidance")
+#
+# The oracle demonstrations stop at MAX_HOPS searches (default 2: rlf-collect --max-hops): the SFT
+# data never shows a third search, so what the model learns about 3-hop questions comes from GRPO.
 #
 # Writes $OUT/seed$SEED/{sft_data.jsonl, base_eval.json, base_eval.samples.jsonl, sft/, grpo/,
 # summary.json} (base_eval.json: rlf-eval's report of the trainer's eval on the base model) and, over
@@ -27,17 +34,19 @@ GRPO_NAME=${GRPO_NAME:-grpo}
 read -r -a GRPO_EXTRA <<< "${GRPO_OVERRIDES:-}"
 ONE_HOP=${ONE_HOP:-120}
 TWO_HOP=${TWO_HOP:-24}
+MAX_HOPS=${MAX_HOPS:-2}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$RUN"
 stamp() { echo "== $(date -u +%H:%M:%S) seed $SEED: $*"; }
 
-stamp "collect $ONE_HOP one-hop + $TWO_HOP two-hop oracle demonstrations (train split)"
+stamp "collect $ONE_HOP one-hop + $TWO_HOP two-hop oracle demonstrations (train split, at most $MAX_HOPS searches)"
 for spec in "1:$ONE_HOP" "2:$TWO_HOP"; do
   hops=${spec%%:*}
   count=${spec##*:}
   if [[ "$count" -gt 0 ]]; then
-    python -m rlf_trainer.data.demonstrations_cli RLF/DeepSearch-v0 --agent deepsearch-oracle --where "hops=$hops" \
+    python -m rlf_trainer.data.demonstrations_cli RLF/DeepSearch-v0 --agent deepsearch-oracle --max-hops "$MAX_HOPS" \
+      --where "hops=$hops" \
       --sample "$count" --seed "$SEED" --env-kwargs '{"world_seed": 0, "max_turns": 4, "top_k": 2}' \
       --out "$RUN/sft_data.jsonl" --resume
   fi

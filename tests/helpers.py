@@ -12,7 +12,9 @@ Import them from here (``from tests.helpers import free_port, http_server``), ne
 - the tiny random Qwen3: :data:`TINY_MODEL_KWARGS`, :func:`build_tiny_model`, :func:`tiny_model_path`,
   :func:`forward_logprobs`, :data:`LOGPROB_ATOL`;
 - trainer runs: :func:`tiny_config`, :func:`train_py_command`, :func:`text_reward` (and
-  :func:`text_score`, the same without ``em``), :func:`model_params`.
+  :func:`text_score`, the same without ``em``), :func:`model_params`;
+- guidance: :func:`echo_turn` and :func:`echo_demonstrator` (a scripted agent for tiny_test.yaml's
+  echo questions: one ``sleep`` tool call, then the right answer).
 
 torch, transformers and the trainer are imported inside the functions that need them, so importing
 this module stays cheap for the env tests.
@@ -493,3 +495,23 @@ def save_model_atomically(model: Any, tokenizer: Any, out: Path) -> Path:
         shutil.rmtree(out)
     tmp.rename(out)  # atomic: a concurrent reader never sees half a model
     return out
+
+
+ECHO_QUESTION = re.compile(r"Echo the word (\w+)\.")
+
+
+def echo_turn(word: str, turn: int) -> str:
+    """Turn ``turn`` of a perfect player of tiny_test.yaml's questions: a ``sleep`` call, then the answer."""
+    if turn == 0:
+        return f'Let me check.\n<tool_call>\n{{"name": "sleep", "arguments": {{"ms": 1, "payload": "{word}"}}}}\n</tool_call>'
+    return f"<answer>{word}</answer>"
+
+
+def echo_demonstrator(messages: list[dict[str, Any]], info: dict[str, Any]) -> str:
+    """A scripted agent ``fn(messages, info)`` (rlf-collect's ``--agent tests.helpers:echo_demonstrator``,
+    guidance's ``algorithm.guidance.demonstrator``) that solves tiny_test.yaml's echo questions."""
+    question = next(m["content"] for m in messages if m.get("role") == "user")
+    match = ECHO_QUESTION.search(question)
+    if match is None:
+        raise ValueError(f"not an echo question: {question!r}")
+    return echo_turn(match.group(1), sum(1 for m in messages if m.get("role") == "assistant"))

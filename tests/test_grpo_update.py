@@ -43,9 +43,14 @@ def sigmoid(x: float) -> float:
 
 
 def run_update(
-    lr: float, advantages: tuple[float, float] = ADVANTAGES, **algorithm: object
+    lr: float,
+    advantages: tuple[float, float] = ADVANTAGES,
+    demonstrations: tuple[bool, bool] = (False, False),
+    **algorithm: object,
 ) -> tuple[torch.Tensor, dict[str, float], BiasOnlyLM, int]:
-    """The bias after ``update``, its metrics, the model (its forward shapes) and the optimizer steps."""
+    """The bias after ``update``, its metrics, the model (its forward shapes) and the optimizer steps.
+
+    ``demonstrations``: which episodes are guidance demonstrations (LUFFY's shaped term)."""
     config = from_dict(
         {
             "model": {"path": "unused"},
@@ -73,7 +78,7 @@ def run_update(
         loss_mask=torch.tensor([[0, 1], [0, 1]]),
         old_logprobs=torch.full((2, 2), math.log(0.5)),
         rewards=torch.tensor([1.0, 0.5]),
-        stats=[EpisodeStats(task_id=str(i), group=0) for i in range(2)],
+        stats=[EpisodeStats(task_id=str(i), group=0, demonstration=demonstrations[i]) for i in range(2)],
         transcripts=[[], []],
         timings={},
     )
@@ -106,6 +111,21 @@ def test_two_iterations_freeze_pi_old_and_clip_on_the_second():
     assert metrics["clip_fraction"] == pytest.approx((0.0 + 0.5) / 2, abs=1e-6)
     assert metrics["ratio_mean"] == pytest.approx((1.0 + (r0 + r1) / 2) / 2, abs=1e-5)
     assert metrics["approx_kl_old"] == pytest.approx((0.0 + (k3(r0) + k3(r1)) / 2) / 2, abs=1e-5)
+
+
+def test_a_demonstration_takes_luffys_shaped_term_and_the_policys_episode_the_ratio():
+    a0, a1 = ADVANTAGES
+    lr, gamma = 1.0, 0.1  # gamma: algorithm.guidance.shaping_gamma's default
+    # Episode 0 is a demonstration (token 0): term -a0 f(p0), f(p) = p / (p + gamma), p0 = 0.5 at
+    # bias 0; d f / d p = gamma / (p + gamma)^2 and d p0 / d bias = (0.25, -0.25).
+    # Episode 1 is the policy's (token 1): term -a1 r, ratio 1; d log p1 / d bias = (-0.5, 0.5).
+    grad_b0 = (-a0 * gamma / (0.5 + gamma) ** 2 * 0.25 - a1 * -0.5) / 2  # mean over the 2 sequences
+    bias, _, _, _ = run_update(lr, demonstrations=(True, False))
+    assert bias.tolist() == pytest.approx([-lr * grad_b0, lr * grad_b0], abs=1e-6)
+    plain, _, _, _ = run_update(lr)  # the same episodes, both the policy's: another update
+    assert plain.tolist() == pytest.approx(
+        [-lr * (-a0 * 0.5 - a1 * -0.5) / 2, lr * (-a0 * 0.5 - a1 * -0.5) / 2]
+    )
 
 
 def test_two_mini_batches_are_two_optimizer_steps_on_their_own_slices():

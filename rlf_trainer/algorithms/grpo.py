@@ -7,6 +7,8 @@ parts, in the order the step calls them:
    x ``group_size`` episodes with the policy, lockstep or async (``rollout.mode``); with
    ``rollout.overlap`` the next step's batch is already being collected while this one trains
    (:class:`~rlf_trainer.rollout.collect.Prefetch`, staleness 1).
+   With ``algorithm.guidance`` (:func:`guide`), a demonstrator plays the task of each group whose
+   samples all failed and its episode replaces the group's worst sample (LUFFY's mixed groups).
 2. :func:`fill_batch`: the advantages of each rollout, computed once (:func:`episode_advantages`:
    per-turn env rewards, DAPO's overlong penalty, group baselines without ``sim_error`` episodes);
    with ``algorithm.dynamic_sampling`` groups without any advantage are dropped and new prompts are
@@ -14,7 +16,8 @@ parts, in the order the step calls them:
 3. :func:`update`: ``algorithm.num_iterations`` passes over the kept episodes, each pass
    ``algorithm.mini_batches`` optimizer steps (:func:`optimizer_step`), each of
    ``optim.gradient_accumulation_steps`` micro-batches (:func:`micro_batch_loss`: the per-token
-   log-probs, the ratio to pi_old, the clip, the KL penalty, the TIS weight, the aggregation).
+   log-probs, the ratio to pi_old, the clip, the KL penalty, the TIS weight, the aggregation;
+   a demonstration's tokens take LUFFY's policy shaping instead of the clipped ratio).
    Episodes whose advantages are all 0 count in the denominators but are not forwarded.
 4. :func:`~rlf_trainer.algorithms.optimize.sync_weights` pushes the new weights to a vLLM engine.
 
@@ -25,6 +28,7 @@ formulas are pure functions in :mod:`rlf_trainer.algorithms.losses`, each beside
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import defaultdict
 
@@ -38,6 +42,7 @@ from rlf_trainer.algorithms.losses import (
     aggregate,
     approx_kl,
     loss_terms,
+    policy_shaping_terms,
     truncated_importance_weights,
 )
 from rlf_trainer.algorithms.optimize import (
@@ -49,7 +54,9 @@ from rlf_trainer.algorithms.optimize import (
 )
 from rlf_trainer.observe.metrics import rollout_metrics
 from rlf_trainer.rollout.batch import RolloutBatch
-from rlf_trainer.rollout.collect import Prefetch, RolloutState, collect
+from rlf_trainer.rollout.collect import Collected, Prefetch, RolloutState, collect
+from rlf_trainer.rollout.guidance import DemonstrationRequest, play_demonstrations, replace_episodes
+from rlf_trainer.rollout.trajectory import EpisodeStats
 from rlf_trainer.run.distributed import any_rank
 
 # Diagnostics that are constant by construction when pi_old is the model itself at its one update
@@ -71,8 +78,10 @@ def train_step(
     started = time.perf_counter()
     # 1. rollout: prefetched during the previous step (overlap), or now
     collected = (prefetch.take(step) if prefetch else None) or collect(rollout, step)
+    # guidance: a demonstration replaces one sample of each group whose samples all failed
+    guided, guide_info = guide(rollout, step, collected)
     # 2. advantages, once per rollout; dynamic sampling (DAPO) drops groups without signal and refills
-    batch, per_turn, keep, fill_info = fill_batch(rollout, step, collected.batch)
+    batch, per_turn, keep, fill_info = fill_batch(rollout, step, guided)
     advantages = spread_over_tokens(per_turn, batch.turn_spans, batch.loss_mask.shape[1])
     # overlap: the next batch is sampled by the current weights while this one trains
     if prefetch is not None and prefetch_next:
@@ -91,7 +100,9 @@ def train_step(
     rollout.weights_version += 1
     metrics["time/sync"] = time.perf_counter() - sync_started
 
-    metrics |= rollout_metrics(batch.stats) | fill_info
+    # the policy's own episodes: a demonstration's reward is not the policy's
+    metrics |= rollout_metrics(own_episodes(batch.stats)) | fill_info | guide_info
+    metrics |= guided_advantage(batch.stats, per_turn)
     metrics["kept_episodes"] = float(len(keep))
     metrics["rollout/tokens"] = float(collected.batch.attention_mask.sum())  # this process's sequences
     metrics["rollout/generated_tokens"] = float(collected.batch.loss_mask.sum())
@@ -105,6 +116,92 @@ def train_step(
     metrics["time/step"] = time.perf_counter() - started
     metrics["samples/s"] = len(batch) * rollout.accelerator.num_processes / metrics["time/step"]
     return batch, metrics
+
+
+# --------------------------------------------------------------------------------------------- 1b. guidance
+def guide(rollout: RolloutState, step: int, collected: Collected) -> tuple[RolloutBatch, dict[str, float]]:
+    """``algorithm.guidance``: the step's rollout with demonstrations in place of some samples, and
+    ``guidance/*`` metrics (none when guidance is off: the batch is returned as it is).
+
+    Guided groups (:func:`guided_groups`): ``when: all_fail``, those none of whose samples reached
+    ``success_reward``; ``always``, every group; each with ``probability``. The demonstrator plays
+    the group's task on the env slot of the group's worst sample, and the demonstration takes that
+    sample's place. Replacing rather than adding a G+1-th keeps every group ``group_size`` long and
+    every process's batch the same size, so the update's collectives stay in step. A demonstration
+    that fails itself is dropped (the group keeps its sample): it would add no signal. Refill
+    rounds (``algorithm.dynamic_sampling``) are the policy's own; guided groups have signal and stay.
+    """
+    settings, batch = rollout.config.algorithm.guidance, collected.batch
+    if not settings.enabled or rollout.demonstrator is None:
+        return batch, {}
+    started, size = time.perf_counter(), rollout.group_size
+    succeeded = [s.reward >= settings.success_reward for s in batch.stats]
+    requests = [
+        DemonstrationRequest(
+            slot=worst_sample(batch.stats, g, size), task_index=collected.prompts[g], group=g
+        )
+        for g in guided_groups(rollout, step, succeeded)
+    ]
+    played = play_demonstrations(
+        rollout.envs,
+        rollout.policy.tokenizer,
+        rollout.demonstrator,
+        requests,
+        max_total_tokens=rollout.config.rollout.max_total_tokens,
+    )
+    kept = {
+        r.slot: t for r, t in zip(requests, played, strict=True) if t.stats.reward >= settings.success_reward
+    }
+    info = {
+        "guidance/guided_share": len(kept) / max(1, len(batch) // size),
+        "guidance/own_success": float(np.mean(succeeded)) if succeeded else 0.0,
+        "time/guidance": time.perf_counter() - started,
+    }
+    if requests:  # how often the demonstrator itself succeeds (a hop-limited oracle fails on purpose)
+        info["guidance/demonstration_success"] = len(kept) / len(requests)
+    return replace_episodes(batch, kept, rollout.policy.tokenizer), info
+
+
+def guided_groups(rollout: RolloutState, step: int, succeeded: list[bool]) -> list[int]:
+    """The groups (local indices) a demonstration is played for; each draw is seeded by the run
+    seed, the step and the group's index over every process, so a resumed run draws the same."""
+    settings, size = rollout.config.algorithm.guidance, rollout.group_size
+    first_group = rollout.accelerator.process_index * rollout.local_prompts
+    picked = []
+    for g in range(len(succeeded) // size):
+        if settings.when == "all_fail" and any(succeeded[g * size : (g + 1) * size]):
+            continue
+        draw = np.random.default_rng(
+            [rollout.config.seed & (2**63 - 1), step, first_group + g, 0x6D1DE]
+        ).random()
+        if settings.probability >= 1.0 or draw < settings.probability:
+            picked.append(g)
+    return picked
+
+
+def worst_sample(stats: list[EpisodeStats], group: int, size: int) -> int:
+    """The row of group ``group``'s lowest return (the last of equals): the sample a demonstration replaces.
+
+    Example:
+        >>> rows = [EpisodeStats("t", 0, reward=r) for r in (0.0, 1.0, 0.0, 0.5)]
+        >>> worst_sample(rows, 0, 4)
+        2
+    """
+    rows = range(group * size, (group + 1) * size)
+    return min(reversed(rows), key=lambda row: stats[row].reward)
+
+
+def own_episodes(stats: list[EpisodeStats]) -> list[EpisodeStats]:
+    """The episodes the policy sampled itself (demonstrations left out)."""
+    return [s for s in stats if not s.demonstration]
+
+
+def guided_advantage(stats: list[EpisodeStats], per_turn: list[list[float]]) -> dict[str, float]:
+    """``guidance/advantage``: the mean advantage of the demonstrations in the batch (absent without any)."""
+    values = [
+        statistics.fmean(turns) for s, turns in zip(stats, per_turn, strict=True) if s.demonstration and turns
+    ]
+    return {"guidance/advantage": statistics.fmean(values)} if values else {}
 
 
 # --------------------------------------------------------------------------------------------- 2. advantages
@@ -361,12 +458,16 @@ def micro_batch_loss(
     forward = token_logprobs(learner.accelerator, learner.model, micro.input_ids, micro.attention_mask, mask)
     logp = forward.logp
     sampler_logp = micro.old_logprobs[:, 1:]
+    # guidance: demonstrations have no sampler, so the ratio, clip, TIS and KL terms see only the
+    # policy's own tokens (own_mask); the demonstration's tokens get LUFFY's shaped term below
+    demo = demonstration_rows(micro, mask.device)
+    own_mask = mask if demo is None else mask * (~demo).unsqueeze(-1).to(mask.dtype)
     # pi_old: frozen before the first pass, or this very forward (detached: the ratio is then 1)
     old = logp.detach() if old_logp is None else old_logp
     # TIS: w_t = min(pi_theta / pi_sampler, cap), for samples drawn by another engine or older weights
     weights, tis_metrics = None, {}
     if algo.tis_cap:
-        weights, tis_metrics = truncated_importance_weights(logp, sampler_logp, mask, algo.tis_cap)
+        weights, tis_metrics = truncated_importance_weights(logp, sampler_logp, own_mask, algo.tis_cap)
     # KL penalty against the reference: log pi_ref of the same tokens (no gradient)
     ref_logp = reference_logprobs(learner, micro) if algo.beta > 0 else None
     # r_t = exp(logp - old); term_t = -w_t min(r_t A_t, clip(r_t, 1-eps_low, 1+eps_high) A_t) (GSPO:
@@ -380,20 +481,30 @@ def micro_batch_loss(
         learner.config.rollout.max_total_tokens,
     )
     terms, kl, loss_metrics = loss_terms(
-        spec, logp, old, advantages[:, 1:], mask, ref_logp=ref_logp, token_weights=weights
+        spec, logp, old, advantages[:, 1:], own_mask, ref_logp=ref_logp, token_weights=weights
     )
+    if demo is not None:  # LUFFY: term_t = -f(pi_t) A_t, f(p) = p / (p + gamma), no ratio, no clip
+        shaped = policy_shaping_terms(logp, advantages[:, 1:], mask, algo.guidance.shaping_gamma)
+        terms = torch.where(demo.unsqueeze(-1), shaped, terms)
     # this micro-batch's share: the variant's normaliser counts the whole step on every process
     loss = aggregate(algo.loss, terms, kl, mask, norm)
     out = {k: float(v) for k, v in (loss_metrics | tis_metrics).items()}
     out["loss"] = float(loss.detach())
     if measure_sampler_kl:  # with the HF policy the sampler is this module: the KL is ~1e-9
-        out["sampler_kl"] = float(approx_kl(logp, sampler_logp, mask))
+        out["sampler_kl"] = float(approx_kl(logp, sampler_logp, own_mask))
     out["entropy"] = forward.entropy
     if algo.ratio_is_one:
         for constant in _RATIO_ONE_METRICS:
             if constant != "loss" or algo.beta == 0:  # with a KL penalty the loss still moves
                 out.pop(constant, None)
     return loss, out
+
+
+def demonstration_rows(micro: RolloutBatch, device: torch.device) -> torch.Tensor | None:
+    """``[n]`` bool: which rows of ``micro`` are guidance demonstrations; None when none is (the
+    update then runs exactly as without guidance)."""
+    flags = [s.demonstration for s in micro.stats]
+    return torch.tensor(flags, dtype=torch.bool, device=device) if any(flags) else None
 
 
 def metric_weight(key: str, micro: RolloutBatch, norm: Normaliser, processes: int, variant: str) -> float:
@@ -425,7 +536,11 @@ def reference_logprobs(learner: Learner, micro: RolloutBatch) -> torch.Tensor:
 def sampler_kl_without_update(learner: Learner, batch: RolloutBatch, rows: list[int]) -> float:
     """``sampler_kl`` on up to a few of ``rows`` (no gradient), for a step that forwards no episode:
     the user still sees whether the engine holds the trained weights."""
-    picked = rows[:_SAMPLER_KL_ROWS] or list(range(min(len(batch), _SAMPLER_KL_ROWS)))
+    own = [row for row in rows if not batch.stats[row].demonstration]  # no sampler drew a demonstration
+    picked = (
+        own[:_SAMPLER_KL_ROWS]
+        or [r for r in range(len(batch)) if not batch.stats[r].demonstration][:_SAMPLER_KL_ROWS]
+    )
     if not picked:
         return 0.0
     micro = batch.select(picked).to(learner.accelerator.device)

@@ -179,11 +179,12 @@ class LocalModelAgent:
 
 def build_agent(spec: str | None = None, *, base_url: str | None = None, model: str | None = None,
                 model_path: str | None = None, env_kwargs: dict[str, Any] | None = None,
-                temperature: float = 0.0, max_tokens: int = 256) -> AgentFn:  # fmt: skip
+                temperature: float = 0.0, max_tokens: int = 256, max_hops: int | None = None) -> AgentFn:  # fmt: skip
     """The agent the command line names: ``--agent`` (scripted), ``--base-url``/``--model``, or ``--model-path``.
 
     ``spec`` is ``deepsearch-oracle`` (the generated world's oracle, for ``world_seed`` in
-    ``env_kwargs``) or ``module:callable`` naming a scripted ``fn(messages, info) -> str``.
+    ``env_kwargs``, searching at most ``max_hops`` times) or ``module:callable`` naming a scripted
+    ``fn(messages, info) -> str``. GRPO guidance (``algorithm.guidance``) builds its demonstrator here too.
 
     Example:
         >>> agent = build_agent("deepsearch-oracle", env_kwargs={"world_seed": 0})
@@ -197,6 +198,10 @@ def build_agent(spec: str | None = None, *, base_url: str | None = None, model: 
     chosen = [x for x in (spec, base_url, model_path) if x]
     if len(chosen) != 1:
         raise CollectError("name one agent: --agent, --base-url with --model, or --model-path")
+    if max_hops is not None and spec != "deepsearch-oracle":
+        raise CollectError(
+            "--max-hops limits the scripted DeepSearch oracle: use it with --agent deepsearch-oracle"
+        )
     if base_url:
         if not model:
             raise CollectError("--base-url needs --model (the endpoint's model name)")
@@ -209,7 +214,10 @@ def build_agent(spec: str | None = None, *, base_url: str | None = None, model: 
     if spec == "deepsearch-oracle":
         from rlf_envs.tasks.deepsearch.oracle import DeepSearchOracle
 
-        return ScriptedAgent(DeepSearchOracle(world_seed=int((env_kwargs or {}).get("world_seed", 0))))
+        if max_hops is not None and max_hops < 1:
+            raise CollectError(f"--max-hops must be >= 1, got {max_hops}")
+        world_seed = int((env_kwargs or {}).get("world_seed", 0))
+        return ScriptedAgent(DeepSearchOracle(world_seed=world_seed, max_hops=max_hops))
     module, _, attr = spec.partition(":")
     if not attr:
         raise CollectError(f"--agent {spec!r}: use 'deepsearch-oracle' or 'module:callable'")

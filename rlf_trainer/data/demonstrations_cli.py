@@ -4,6 +4,8 @@ Examples::
 
     rlf-collect RLF/DeepSearch-v0 --agent deepsearch-oracle --where hops=1 --limit 120 \\
         --out runs/deepsearch/sft_1hop.jsonl
+    rlf-collect RLF/DeepSearch-v0 --agent deepsearch-oracle --max-hops 2 --where hops=1,2 --limit 144 \\
+        --out runs/deepsearch/sft_1to2hops.jsonl    # the oracle never searches a third time
     rlf-collect RLF/SQL-v0 --base-url http://127.0.0.1:8000/v1 --model qwen --samples-per-task 4 \\
         --temperature 0.7 --threshold 1.0 --out sql_demos.jsonl --resume
     rlf-collect RLF/Codebook-v0 --model-path runs/learning/codebook/model --out codebook.jsonl
@@ -35,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--base-url", help="an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--model", help="the endpoint's model name (with --base-url)")
     p.add_argument("--model-path", help="a local Hugging Face model folder")
+    p.add_argument("--max-hops", type=int,
+                   help="deepsearch-oracle: search at most this many times (a question with more hops is "
+                        "answered after them, wrongly, and not kept at --threshold 1)")  # fmt: skip
     p.add_argument("--split", default="train", help="the task split to play (default: train)")
     p.add_argument("--where", action="append", default=[], metavar="KEY=V1,V2",
                    help="keep tasks whose metadata KEY is one of the values (repeatable), e.g. hops=1,2")  # fmt: skip
@@ -100,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         if not isinstance(env_kwargs, dict):
             raise CollectError("--env-kwargs must be a JSON object")
         agent = build_agent(args.agent, base_url=args.base_url, model=args.model, model_path=args.model_path,
-                            env_kwargs=env_kwargs, temperature=args.temperature, max_tokens=args.max_tokens)  # fmt: skip
+                            env_kwargs=env_kwargs, temperature=args.temperature, max_tokens=args.max_tokens,
+                            max_hops=args.max_hops)  # fmt: skip
         tasks = _task_indices(args.env_id, args.split, _where(args.where), args.limit, env_kwargs)
         if args.sample is not None:
             tasks = sample_tasks(tasks, args.sample, args.seed)

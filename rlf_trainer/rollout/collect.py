@@ -10,7 +10,7 @@ step's batch is already being collected on a worker thread while this one trains
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlf_trainer.config import Config, ConfigError
@@ -18,6 +18,7 @@ from rlf_trainer.policy.base import Policy, SamplingParams
 from rlf_trainer.prompts import PromptSampler
 from rlf_trainer.rollout.async_rollout import run_async_rollout
 from rlf_trainer.rollout.batch import RolloutBatch
+from rlf_trainer.rollout.guidance import Demonstrator
 from rlf_trainer.rollout.lockstep import run_rollout
 from rlf_trainer.seeds import SeedKey
 
@@ -40,7 +41,9 @@ def episodes_per_process(config: Config, processes: int) -> int:
 @dataclass
 class RolloutState:
     """What playing episodes needs: the config, the processes, the policy, the envs and the prompt
-    stream (None for an evaluation). ``weights_version`` counts the weight syncs the policy got."""
+    stream (None for an evaluation). ``weights_version`` counts the weight syncs the policy got.
+    ``demonstrator``: ``algorithm.guidance``'s agent (:mod:`rlf_trainer.rollout.guidance`), built by
+    the trainer; None without guidance."""
 
     config: Config
     accelerator: Any
@@ -48,6 +51,7 @@ class RolloutState:
     envs: Any
     sampler: PromptSampler | None = None
     weights_version: int = 0
+    demonstrator: Demonstrator | None = None
 
     @property
     def group_size(self) -> int:
@@ -66,10 +70,12 @@ class RolloutState:
 
 @dataclass
 class Collected:
-    """A rollout and the weights version that sampled it (``staleness`` = trainer version - this)."""
+    """A rollout, the weights version that sampled it (``staleness`` = trainer version - this) and
+    its prompts (task indices, one per group)."""
 
     batch: RolloutBatch
     version: int
+    prompts: list[int] = field(default_factory=list)
 
 
 def sampling_params(config: Config) -> SamplingParams:
@@ -134,7 +140,7 @@ def collect(rollout: RolloutState, step: int, refill_round: int = 0) -> Collecte
     )
     if not cfg.rollout.overlap:  # under overlap the engine stays up for the next rollout
         rollout.policy.sleep()
-    return Collected(batch, version)
+    return Collected(batch, version, [int(p) for p in mine])
 
 
 class Prefetch:

@@ -72,6 +72,7 @@ class EpisodeStats:
     user_turns: int = 0  # dialogue envs: messages of the simulated user after the prompt
     sim_error: str | None = None  # the env's info["sim_error"]: the user simulator failed (a kind)
     task_metadata: dict[str, Any] = field(default_factory=dict)  # reset info: e.g. DeepSearch's hops
+    demonstration: bool = False  # played by algorithm.guidance's demonstrator, not sampled by the policy
 
 
 @dataclass

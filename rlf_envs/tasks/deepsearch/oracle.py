@@ -6,6 +6,12 @@ hop's document. Its turns are written in the canonical ``<tool_call>`` form that
 :func:`rlf_trainer.rollout.chat.plain_messages` renders, so a collected episode replays token for token
 (:mod:`rlf_trainer.data.demonstrations`, ``rlf-collect --agent deepsearch-oracle``).
 
+``max_hops`` caps the searches: with ``max_hops=2`` it solves 1- and 2-hop questions and never a
+3-hop one (it answers after its second search with the entity that search led to, which is never
+the answer: the world keeps a question's answer out of its chain). Demonstrations then show at
+most two searches, for rlf-collect (``--max-hops``) and for GRPO guidance
+(``algorithm.guidance.max_hops``) alike.
+
 Example:
     >>> from rlf_envs.tasks.deepsearch.world import generate_world
     >>> world = generate_world(0)
@@ -13,6 +19,10 @@ Example:
     >>> turns = oracle_turns(world, question.id)
     >>> len(turns), turns[-1].startswith("The documents give the answer.")
     (3, True)
+    >>> three = next(q for q in world.questions if q.hops == 3)
+    >>> limited = oracle_turns(world, three.id, max_hops=2)
+    >>> len(limited), three.golden_answers[0] in limited[-1]
+    (3, False)
     >>> agent = DeepSearchOracle(world_seed=0)
     >>> agent([{"role": "system", "content": ""}, {"role": "user", "content": "?"}],
     ...       {"task_id": question.id}) == turns[0]
@@ -33,25 +43,38 @@ def search_call(query: str) -> str:
     return f"<tool_call>\n{json.dumps(payload, ensure_ascii=False)}\n</tool_call>"
 
 
-def oracle_turns(world: World, question_id: str) -> list[str]:
-    """The oracle's assistant turns for one question: one search per hop, then the answer."""
+def oracle_turns(world: World, question_id: str, max_hops: int | None = None) -> list[str]:
+    """The oracle's assistant turns for one question: one search per hop, then the answer.
+
+    With ``max_hops`` below the question's hops it searches ``max_hops`` times and answers with
+    the entity its last search led to (the next entity of the chain, not the answer).
+    """
+    if max_hops is not None and max_hops < 1:
+        raise ValueError(f"max_hops must be >= 1 (or None), got {max_hops}")
     solution = world.solve(question_id)
-    turns = [f"I need to look up {q}.\n{search_call(q)}" for q in solution.queries]
-    return [*turns, f"The documents give the answer.\n<answer>{solution.answer}</answer>"]
+    queries = solution.queries[:max_hops] if max_hops is not None else solution.queries
+    # past the limit, the name the last search found is all the oracle knows
+    answer = solution.answer if len(queries) == len(solution.queries) else solution.queries[len(queries)]
+    turns = [f"I need to look up {q}.\n{search_call(q)}" for q in queries]
+    return [*turns, f"The documents give the answer.\n<answer>{answer}</answer>"]
 
 
 class DeepSearchOracle:
     """A scripted agent: ``agent(messages, info) -> next assistant turn`` for the generated world.
 
     ``info["task_id"]`` names the question (the reset info carries it); the number of assistant
-    turns already in ``messages`` says which of :func:`oracle_turns` comes next.
+    turns already in ``messages`` says which of :func:`oracle_turns` comes next. ``max_hops``: at
+    most this many searches (None: as many as the question has hops).
     """
 
-    def __init__(self, world_seed: int = 0) -> None:
+    def __init__(self, world_seed: int = 0, max_hops: int | None = None) -> None:
+        if max_hops is not None and max_hops < 1:
+            raise ValueError(f"max_hops must be >= 1 (or None), got {max_hops}")
         self.world = generate_world(world_seed)
+        self.max_hops = max_hops
 
     def __call__(self, messages: list[dict[str, Any]], info: dict[str, Any]) -> str:
-        turns = oracle_turns(self.world, str(info["task_id"]))
+        turns = oracle_turns(self.world, str(info["task_id"]), self.max_hops)
         done = sum(1 for m in messages if m.get("role") == "assistant")
         return turns[min(done, len(turns) - 1)]
 

@@ -60,11 +60,34 @@ def step_optimizer(learner: Learner, micro_loss: Callable[[int], tuple[torch.Ten
     return grad_norm
 
 
-def sync_weights(learner: Learner, policy: Any) -> None:
-    """Give a separate engine (vLLM) the current weights; the HF policy samples with the model itself."""
-    if learner.config.policy.backend == "vllm":
+def sync_weights(learner: Learner, policy: Any, *, version: int | None = None, force: bool = False) -> None:
+    """Give a sampler that is not the trained module the current weights, as version ``version``.
+
+    vLLM: every call. Remote servers: after every ``policy.remote.sync_every``-th version (never
+    when it is 0), or whenever ``force`` (a run's start and a resume, so the servers serve exactly
+    the trained weights). The HF policy samples with the model itself: nothing to do.
+    """
+    backend = learner.config.policy.backend
+    if backend == "vllm":
         with full_parameters(learner.accelerator, learner.model):
             policy.update_weights(learner.accelerator.unwrap_model(learner.model))
+    elif backend == "remote":
+        every = learner.config.policy.remote.sync_every
+        version = policy.version + 1 if version is None else version
+        if every and (force or version % every == 0):
+            push_to_servers(learner, policy, version)
+
+
+def push_to_servers(learner: Learner, policy: Any, version: int) -> None:
+    """The main process writes the weights and has the servers load them; the other processes
+    (whose parameters a sharded model needs to gather) then ask the servers what they serve."""
+    acc = learner.accelerator
+    with full_parameters(acc, learner.model):
+        if acc.is_main_process:
+            policy.update_weights(acc.unwrap_model(learner.model), version=version)
+    acc.wait_for_everyone()
+    if not acc.is_main_process:
+        policy.refresh_versions()
 
 
 def samples_with_trained_model(learner: Learner, policy: Any) -> bool:
@@ -72,4 +95,4 @@ def samples_with_trained_model(learner: Learner, policy: Any) -> bool:
     return getattr(policy, "model", None) is learner.accelerator.unwrap_model(learner.model)
 
 
-__all__ = ["Learner", "samples_with_trained_model", "step_optimizer", "sync_weights"]
+__all__ = ["Learner", "push_to_servers", "samples_with_trained_model", "step_optimizer", "sync_weights"]

@@ -235,6 +235,7 @@ def sample_records(
                 "response_length": stats.response_length,
                 "user_turns": stats.user_turns,
                 "sim_error": stats.sim_error,
+                "weights_version": stats.weights_version,
             }
         )
     return records

@@ -119,7 +119,8 @@ class AlgorithmConfig(Section):
     as verl does), ``"rollout"`` uses the sampler's recorded logprobs.
     ``tis_cap``: weight each token's surrogate by ``min(pi_theta / pi_sampler, tis_cap)``
     (truncated importance sampling against the sampler's logprobs); None = 2.0 under
-    ``rollout.overlap`` and off otherwise, 0 = off (``Config.validate`` writes the value in).
+    ``rollout.overlap`` or ``rollout.max_staleness`` > 0 and off otherwise, 0 = off
+    (``Config.validate`` writes the value in).
     ``max_refill_rounds``: with ``dynamic_sampling``, roll out up to this many extra batches of new
     prompts to replace the dropped groups, so the update trains on a full batch (0: train on fewer).
     ``turn_rewards``: how per-turn env rewards become token advantages (``sum``: one advantage per

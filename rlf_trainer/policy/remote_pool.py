@@ -17,8 +17,11 @@ Example:
     >>> pool.pick(newest=0).url  # a has a request in flight, b has none
     'http://b:8000'
     >>> pool.mark_failed(pool.servers[1], "ConnectionRefusedError", weights_unknown=True)
-    >>> pool.pick(newest=0).url, pool.servers[1].version, pool.next_ready_in()
-    ('http://a:8000', None, 1.0)
+    >>> pool.pick(newest=0).url, pool.servers[1].version
+    ('http://a:8000', None)
+    >>> pool.mark_failed(pool.servers[0], "HTTP 503", weights_unknown=False)
+    >>> pool.pick(newest=0), pool.next_ready_in()  # both in their backoff: try again in 1 s
+    (None, 1.0)
 """
 
 from __future__ import annotations

@@ -317,6 +317,9 @@ class RemotePolicy:
         self._loop.run(self._refresh_versions())
         known = [s.version for s in self.pool.servers if s.version is not None]
         self.version = max(known, default=self.version)
+        folder = self.weights_dir / f"v{self.version:06d}"
+        if folder.is_dir():  # what the pushing process wrote: a server back from a failure gets it
+            self.latest_folder = folder.resolve()
 
     async def _refresh_versions(self) -> None:
         session = await self._get_session()

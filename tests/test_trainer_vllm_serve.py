@@ -45,7 +45,9 @@ def vllm_serve(model_dir: Path) -> Iterator[str]:
     32-token KV blocks, as :class:`~rlf_trainer.policy.vllm.VLLMPolicy` sets them.
     """
     port = free_port()
-    command = [str(Path(sys.executable).parent / "vllm"), "serve", str(model_dir), "--host", "127.0.0.1",
+    # `vllm serve` itself, started as a module: the CPU venv's vllm has no package metadata, which
+    # the `vllm` console script reads for --version
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host", "127.0.0.1",
                "--port", str(port), "--dtype", "float32", "--max-model-len", "1024",
                "--no-enable-chunked-prefill", "--block-size", "32"]  # fmt: skip
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": str(REPO)}

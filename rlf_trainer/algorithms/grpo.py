@@ -474,8 +474,8 @@ __all__ = [
     "episode_advantages",
     "fill_batch",
     "micro_batch_loss",
-    "train_step",
     "staleness_metrics",
+    "train_step",
     "trainable",
     "update",
 ]

@@ -67,14 +67,14 @@ class PolicyChatBackend:
     def load_weights(self, folder: str) -> None:
         """Load the safetensors of the Hugging Face folder ``folder`` into the served model in place.
 
-        vLLM: its worker-side ``reload_weights(weights_path=...)`` and a prefix-cache reset; HF: a
-        strict ``load_state_dict`` (:func:`load_hf_weights`). Raises :class:`WeightsLoadError`.
+        vLLM: its worker-side ``reload_weights`` with the folder's tensors (:func:`read_weights_folder`)
+        and a prefix-cache reset; HF: a checked in-place copy (:func:`load_hf_weights`). Raises
+        :class:`WeightsLoadError`.
         """
         llm = getattr(self.policy, "llm", None)
-        if llm is not None:  # VLLMPolicy
-            llm.collective_rpc(
-                "reload_weights", kwargs={"weights_path": folder, "is_checkpoint_format": True}
-            )
+        if llm is not None:  # VLLMPolicy: the engine runs in this process, tensors pass by reference
+            weights = read_weights_folder(folder)
+            llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
             llm.reset_prefix_cache()
             return
         load_hf_weights(self.policy.model, folder)  # type: ignore[attr-defined]
@@ -146,6 +146,27 @@ class WeightsLoadError(RuntimeError):
     """A weights folder that does not fit the served model (missing, unexpected or misshapen tensors)."""
 
 
+def read_weights_folder(folder: str | Path) -> dict[str, Any]:
+    """Every tensor of ``folder/*.safetensors``; a tied ``lm_head.weight`` that ``save_pretrained``
+    left out is added back as the input embeddings (vLLM's in-place reload keeps the old head of a
+    tied model when the weights do not name it). Raises :class:`WeightsLoadError` without files."""
+    import json
+
+    from safetensors.torch import load_file
+
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise WeightsLoadError(f"no *.safetensors file in {folder}")
+    given: dict[str, Any] = {}
+    for file in files:
+        given.update(load_file(str(file)))
+    config_file = Path(folder) / "config.json"
+    tied = config_file.is_file() and json.loads(config_file.read_text()).get("tie_word_embeddings", False)
+    if tied and "lm_head.weight" not in given and "model.embed_tokens.weight" in given:
+        given["lm_head.weight"] = given["model.embed_tokens.weight"]
+    return given
+
+
 def load_hf_weights(model: Any, folder: str | Path) -> None:
     """Copy every tensor of ``folder/*.safetensors`` into ``model`` in place (no gradient).
 
@@ -164,14 +185,8 @@ def load_hf_weights(model: Any, folder: str | Path) -> None:
         True
     """
     import torch
-    from safetensors.torch import load_file
 
-    files = sorted(Path(folder).glob("*.safetensors"))
-    if not files:
-        raise WeightsLoadError(f"no *.safetensors file in {folder}")
-    given: dict[str, torch.Tensor] = {}
-    for file in files:
-        given.update(load_file(str(file)))
+    given = read_weights_folder(folder)
     own = model.state_dict()
     unexpected = sorted(set(given) - set(own))
     misshapen = sorted(k for k in set(given) & set(own) if given[k].shape != own[k].shape)

@@ -153,9 +153,7 @@ def test_a_dead_server_is_failed_over_and_a_lone_one_fails_the_run_clearly(
         # the kill lands in a rollout (failed-over requests) or in a push (the server left out);
         # either way the policy knows the server is gone (tests/test_remote_policy.py kills one
         # with requests in flight for certain)
-        assert (
-            records[-1]["remote/servers_up"] == 1 and "Connect" in trainer.policy.pool.servers[0].last_error
-        )
+        assert records[-1]["remote/servers_up"] == 1 and trainer.policy.pool.servers[0].last_error
         assert all(r["sampler_kl"] < 1e-3 for r in records[1:])  # the survivor had every push
 
         config = remote_config(shared_tiny_model_dir, tmp_path / "one", [b], "policy.remote.max_attempts=2")

@@ -62,6 +62,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _KEEP_FOLDERS = 2  # weight folders kept on disk: the newest, and the one before while servers switch
+_RESUME_AFTER_FAILURE_S = 10.0  # a best-effort resume after a failed update: the server may be gone
 _DEV_MODE_HINT = "vLLM serves its weight-update routes only with VLLM_SERVER_DEV_MODE=1 (rlf-serve always)"
 
 
@@ -282,14 +283,17 @@ class RemotePolicy:
         lock = self._push_locks.setdefault(server.index, asyncio.Lock())
         async with lock:
             try:
-                await self._admin(server, "/pause?mode=wait", None)
                 try:
+                    await self._admin(server, "/pause?mode=wait", None)
                     rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}
                     await self._admin(server, "/collective_rpc", rpc)
                     server.version = version  # requests sent from now on run on these weights
                     await self._admin(server, "/update_weight_version", {"new_version": str(version)})
-                finally:
-                    await self._admin(server, "/resume", None)
+                except BaseException:
+                    with contextlib.suppress(Exception):  # never leave a server paused if we can help it
+                        await self._admin(server, "/resume", None, timeout_s=_RESUME_AFTER_FAILURE_S)
+                    raise
+                await self._admin(server, "/resume", None)
             except (aiohttp.ClientError, TimeoutError, ValueError, RemotePolicyError) as exc:
                 self.pool.mark_failed(server, f"weight update: {exc}", weights_unknown=True)
                 return f"{server.url}: {type(exc).__name__}: {exc}"
@@ -303,8 +307,15 @@ class RemotePolicy:
             return True
         return await self._push(server, self.latest_folder, self.version) is None
 
-    async def _admin(self, server: InferenceServer, route: str, body: dict[str, Any] | None) -> None:
-        status, payload = await self._post(f"{server.url}{route}", body, self.push_timeout_s)
+    async def _admin(
+        self,
+        server: InferenceServer,
+        route: str,
+        body: dict[str, Any] | None,
+        *,
+        timeout_s: float | None = None,
+    ) -> None:
+        status, payload = await self._post(f"{server.url}{route}", body, timeout_s or self.push_timeout_s)
         if status == 404:
             raise RemotePolicyError(f"{server.url}{route} does not exist: {_DEV_MODE_HINT}")
         if status >= 400:

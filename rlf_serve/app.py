@@ -1,9 +1,16 @@
 """rlf-serve: an OpenAI-compatible chat server over a local model that batches concurrent requests.
 
 Endpoints: ``POST /v1/chat/completions`` (messages, max_tokens / max_completion_tokens, temperature,
-top_p, n=1, stop, seed, tools), ``GET /v1/models``, ``GET /health`` and ``GET /stats`` (requests
+top_p, n=1, stop, seed, tools), ``POST /v1/completions`` with a token-id ``prompt`` (max_tokens,
+temperature, top_p, top_k, seed, stop_token_ids, ``logprobs: 0`` and vLLM's ``return_token_ids``:
+the sampled ids and their raw log-probabilities, what an RL trainer needs), ``GET /v1/models``, ``GET /health`` and ``GET /stats`` (requests
 served, in-flight and peak in-flight requests, batches run, largest batch, the batch generating
-now); ``POST /stats/reset`` zeroes the counters. Errors come back in OpenAI's shape,
+now); ``POST /stats/reset`` zeroes the counters. Weight updates use vLLM's routes and payloads
+(``vllm serve`` with ``VLLM_SERVER_DEV_MODE=1`` has the same), so a trainer drives both alike:
+``POST /pause?mode=wait``, ``POST /collective_rpc {"method": "reload_weights", "kwargs":
+{"weights_path": DIR}}`` (a Hugging Face folder's safetensors, loaded in place between batches),
+``POST /update_weight_version {"new_version": "7"}``, ``POST /resume``; ``GET /weight_info``,
+``GET /is_paused``, ``POST /reset_prefix_cache``. Errors come back in OpenAI's shape,
 ``{"error": {"message", "type", "param", "code"}}``.
 
 Concurrent requests are gathered for up to ``--batch-wait-ms`` (or until ``--max-batch``) and
@@ -29,18 +36,23 @@ import logging
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from aiohttp import web
 
-if TYPE_CHECKING:
-    pass
-from rlf_serve.backends import ChatBackend, load_backend
+from rlf_serve.backends import AnyReply, AnyRequest, ChatBackend, load_backend
 from rlf_serve.batching import BatchingGenerator, ServerStats
-from rlf_serve.protocol import RequestError, parse_chat_request
+from rlf_serve.protocol import (
+    ChatReply,
+    CompletionReply,
+    CompletionRequest,
+    RequestError,
+    parse_chat_request,
+    parse_completion_request,
+)
 
 logger = logging.getLogger("rlf_serve")
 
@@ -54,7 +66,10 @@ def _error(exc: RequestError) -> web.Response:
     return web.json_response(exc.body(), status=exc.status)
 
 
-async def _chat_completions(request: web.Request) -> web.Response:
+async def _generate(
+    request: web.Request, parse: Callable[[Any, int], AnyRequest], default_max_tokens: int | None = None
+) -> tuple[AnyRequest, AnyReply]:
+    """Parse, check the model name, queue for a batch and wait; counts in ``/stats``. Raises RequestError."""
     stats, settings = request.app[_STATS], request.app[_SETTINGS]
     stats.in_flight += 1
     stats.peak_in_flight = max(stats.peak_in_flight, stats.in_flight)
@@ -63,7 +78,7 @@ async def _chat_completions(request: web.Request) -> web.Response:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise RequestError(f"the body is not valid JSON: {exc}") from None
-        chat = parse_chat_request(body, default_max_tokens=settings["default_max_tokens"])
+        parsed = parse(body, default_max_tokens or settings["default_max_tokens"])
         model = body.get("model")
         if model is not None and model != settings["model_name"]:
             raise RequestError(
@@ -71,23 +86,36 @@ async def _chat_completions(request: web.Request) -> web.Response:
                 status=404, param="model", code="model_not_found",
             )  # fmt: skip
         try:
-            reply = await request.app[_BATCHER].submit(chat)
+            reply = await request.app[_BATCHER].submit(parsed)
         except Exception as exc:
             raise RequestError(f"generation failed: {type(exc).__name__}: {exc}", status=500) from exc
-    except RequestError as exc:
+    except RequestError:
         stats.errors += 1
-        return _error(exc)
+        raise
     finally:
         stats.in_flight -= 1
     stats.requests += 1
     stats.prompt_tokens += reply.prompt_tokens
-    stats.completion_tokens += reply.completion_tokens
+    stats.completion_tokens += (
+        len(reply.token_ids) if isinstance(reply, CompletionReply) else reply.completion_tokens
+    )
+    return parsed, reply
+
+
+async def _chat_completions(request: web.Request) -> web.Response:
+    try:
+        _, reply = await _generate(
+            request, lambda body, default: parse_chat_request(body, default_max_tokens=default)
+        )
+    except RequestError as exc:
+        return _error(exc)
+    assert isinstance(reply, ChatReply)
     return web.json_response(
         {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
             "object": "chat.completion",
             "created": int(time.time()),
-            "model": settings["model_name"],
+            "model": request.app[_SETTINGS]["model_name"],
             "choices": [
                 {
                     "index": 0,
@@ -103,6 +131,142 @@ async def _chat_completions(request: web.Request) -> web.Response:
             },
         }
     )
+
+
+async def _completions(request: web.Request) -> web.Response:
+    """``POST /v1/completions`` with a token-id prompt, in vLLM's response shape (``token_ids``,
+    ``logprobs.token_logprobs``, ``stop_reason``), so one client reads rlf-serve and vLLM alike."""
+    try:
+        # OpenAI's completions default is 16 tokens, not the server's chat default
+        parsed, reply = await _generate(
+            request, lambda body, default: parse_completion_request(body, default_max_tokens=default), 16
+        )
+    except RequestError as exc:
+        return _error(exc)
+    assert isinstance(parsed, CompletionRequest) and isinstance(reply, CompletionReply)
+    choice: dict[str, Any] = {
+        "index": 0,
+        "text": reply.text,
+        "logprobs": None,
+        "finish_reason": reply.finish_reason,
+        "stop_reason": reply.stop_reason,
+    }
+    if parsed.logprobs:
+        tokens = (
+            [f"token_id:{t}" for t in reply.token_ids]
+            if parsed.tokens_as_ids
+            else [request.app[_SETTINGS]["token_text"](t) for t in reply.token_ids]
+        )
+        choice["logprobs"] = {
+            "tokens": tokens,
+            "token_logprobs": reply.logprobs,
+            "top_logprobs": None,
+            "text_offset": [],
+        }
+    if parsed.return_token_ids:
+        choice["token_ids"] = reply.token_ids
+        choice["prompt_token_ids"] = list(parsed.prompt)
+    return web.json_response(
+        {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": request.app[_SETTINGS]["model_name"],
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": reply.prompt_tokens,
+                "completion_tokens": len(reply.token_ids),
+                "total_tokens": reply.prompt_tokens + len(reply.token_ids),
+            },
+        }
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Weight updates: vLLM's routes (VLLM_SERVER_DEV_MODE=1) and payloads, so one client drives both
+# ----------------------------------------------------------------------------------------------
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json() if request.can_read_body else {}
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RequestError(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    return body
+
+
+async def _pause(request: web.Request) -> web.Response:
+    """``POST /pause?mode=wait|keep``: the batch generating now finishes, the next waits for /resume.
+
+    Both modes mean the same here (a request is generated whole within one batch); vLLM's default
+    ``abort`` is refused rather than silently waiting."""
+    mode = request.query.get("mode", "abort")
+    if mode not in ("wait", "keep"):
+        return _error(
+            RequestError(f"pause mode {mode!r} is not supported; use mode=wait or mode=keep", param="mode")
+        )
+    await request.app[_BATCHER].pause()
+    return web.json_response({"status": "paused"})
+
+
+async def _resume(request: web.Request) -> web.Response:
+    request.app[_BATCHER].resume()
+    return web.json_response({"status": "resumed"})
+
+
+async def _is_paused(request: web.Request) -> web.Response:
+    return web.json_response({"is_paused": request.app[_BATCHER].paused})
+
+
+async def _collective_rpc(request: web.Request) -> web.Response:
+    """``POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}}``: load the
+    safetensors of ``DIR`` (a Hugging Face folder) into the served model in place, between batches."""
+    try:
+        body = await _json_body(request)
+        method, kwargs = body.get("method"), body.get("kwargs") or {}
+        if method != "reload_weights":
+            raise RequestError(
+                f"rlf-serve runs only the collective_rpc method 'reload_weights' (an in-place reload "
+                f"from a checkpoint folder), got {method!r}",
+                param="method",
+            )
+        path = kwargs.get("weights_path") if isinstance(kwargs, dict) else None
+        if not isinstance(path, str) or not Path(path).is_dir():
+            raise RequestError(f"kwargs.weights_path must be a folder this server can read, got {path!r}",
+                               param="kwargs")  # fmt: skip
+        backend = request.app[_SETTINGS]["backend"]
+        try:
+            await request.app[_BATCHER].exclusive(lambda: backend.load_weights(path))
+        except Exception as exc:
+            raise RequestError(f"reload_weights failed: {type(exc).__name__}: {exc}", status=500) from exc
+    except RequestError as exc:
+        return _error(exc)
+    request.app[_STATS].weight_reloads += 1
+    return web.json_response({"results": [None]})
+
+
+async def _reset_prefix_cache(request: web.Request) -> web.Response:
+    """``POST /reset_prefix_cache``: a no-op beyond what a reload does (the HF store empties itself
+    when the weights change); here so that a vLLM client's update sequence runs unchanged."""
+    return web.Response(status=200)
+
+
+async def _update_weight_version(request: web.Request) -> web.Response:
+    try:
+        body = await _json_body(request)
+    except RequestError as exc:
+        return _error(exc)
+    version = body.get("new_version")
+    if not isinstance(version, str):
+        return _error(RequestError("'new_version' must be a string", param="new_version"))
+    request.app[_SETTINGS]["weight_version"] = version
+    return web.json_response({"success": True, "new_version": version})
+
+
+async def _weight_info(request: web.Request) -> web.Response:
+    return web.json_response({"weight_version": request.app[_SETTINGS]["weight_version"]})
 
 
 async def _models(request: web.Request) -> web.Response:
@@ -148,12 +312,24 @@ def build_app(
     batcher = BatchingGenerator(backend, max_batch=max_batch, batch_wait_s=batch_wait_ms / 1000, stats=stats)
     app[_STATS] = stats
     app[_BATCHER] = batcher
+    tokenizer = getattr(backend, "tokenizer", None)
     app[_SETTINGS] = {
         "model_name": model_name,
         "default_max_tokens": default_max_tokens,
         "created": int(time.time()),
+        "backend": backend,
+        "weight_version": "default",  # vLLM's name for the weights a server started with
+        "token_text": (lambda t: tokenizer.convert_ids_to_tokens(t)) if tokenizer is not None else str,
     }
     app.router.add_post("/v1/chat/completions", _chat_completions)
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_post("/pause", _pause)
+    app.router.add_post("/resume", _resume)
+    app.router.add_get("/is_paused", _is_paused)
+    app.router.add_post("/collective_rpc", _collective_rpc)
+    app.router.add_post("/reset_prefix_cache", _reset_prefix_cache)
+    app.router.add_post("/update_weight_version", _update_weight_version)
+    app.router.add_get("/weight_info", _weight_info)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
     app.router.add_get("/stats", _stats)
@@ -191,6 +367,7 @@ def _parser() -> argparse.ArgumentParser:
         "--device", default=None, help="hf backend: cpu, cuda, cuda:1 (default: cuda if available)"
     )
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.8, help="vllm backend")
+    parser.add_argument("--prefix-cache-tokens", type=int, default=32768, help="hf backend: key/value states kept between requests (0: off; then a seeded sample never depends on earlier requests)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice; 1 suits tiny models on a busy CPU)")  # fmt: skip
     parser.add_argument("--log-level", default="WARNING", help="INFO also logs every HTTP request")
     return parser
@@ -218,6 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         dtype=args.dtype,
         device=args.device,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        prefix_cache_tokens=args.prefix_cache_tokens,
     )
     name = args.served_model_name or args.model
     app = build_app(

@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from typing import TypeVar
 
-if TYPE_CHECKING:
-    pass
+from rlf_serve.backends import AnyReply, AnyRequest, ChatBackend
 
-from rlf_serve.backends import ChatBackend
-from rlf_serve.protocol import ChatReply, ChatRequest
+T = TypeVar("T")
 
 logger = logging.getLogger("rlf_serve")
 
@@ -31,6 +30,7 @@ class ServerStats:
     active_batch: int = 0  # size of the batch generating right now (0 when idle)
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    weight_reloads: int = 0  # weights loaded in place (POST /collective_rpc reload_weights)
 
     def reset(self) -> None:
         """Zero everything except what is happening now (in-flight requests, the active batch)."""
@@ -42,15 +42,17 @@ class ServerStats:
 
 @dataclass
 class _Pending:
-    request: ChatRequest
-    future: asyncio.Future[ChatReply] = field(repr=False)
+    request: AnyRequest
+    future: asyncio.Future[AnyReply] = field(repr=False)
 
 
 class BatchingGenerator:
     """Gathers concurrent requests into batches and generates each batch on a worker thread.
 
     A batch closes ``batch_wait_s`` after its first request or at ``max_batch`` requests, whichever
-    comes first; only one batch generates at a time (one model).
+    comes first; only one batch generates at a time (one model). :meth:`pause` lets the batch
+    that is generating finish and holds the next until :meth:`resume`; :meth:`exclusive` runs a
+    function (a weight reload) while no batch generates.
 
     Example (a backend that echoes the last message; a real one runs a model):
         >>> from rlf_serve.protocol import ChatReply, parse_chat_request
@@ -83,8 +85,29 @@ class BatchingGenerator:
         self.stats = stats if stats is not None else ServerStats()
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
+        self._model_lock = asyncio.Lock()  # held while a batch generates or the weights change
+        self._resumed = asyncio.Event()
+        self._resumed.set()
 
-    async def submit(self, request: ChatRequest) -> ChatReply:
+    @property
+    def paused(self) -> bool:
+        return not self._resumed.is_set()
+
+    async def pause(self) -> None:
+        """Hold new batches until :meth:`resume`; returns once the batch generating now is done."""
+        self._resumed.clear()
+        async with self._model_lock:
+            pass
+
+    def resume(self) -> None:
+        self._resumed.set()
+
+    async def exclusive(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on a worker thread while no batch generates (e.g. a weight reload)."""
+        async with self._model_lock:
+            return await asyncio.to_thread(fn)
+
+    async def submit(self, request: AnyRequest) -> AnyReply:
         """Queue ``request`` and wait for its reply (generation errors propagate)."""
         if self._worker is None or self._worker.done():
             self._worker = asyncio.get_running_loop().create_task(self._run(), name="rlf-serve-batcher")
@@ -114,24 +137,31 @@ class BatchingGenerator:
             batch = await self._collect()
             if not batch:
                 continue
-            requests = [p.request for p in batch]
-            self.stats.active_batch = len(batch)
-            self.stats.batches += 1
-            self.stats.generate_calls += self.backend.generate_calls(requests)
-            self.stats.largest_batch = max(self.stats.largest_batch, len(batch))
-            try:
-                replies = await asyncio.to_thread(self.backend.generate, requests)
-            except Exception as exc:  # a failed generation fails its requests, not the server
-                logger.exception("generation failed for a batch of %d", len(batch))
-                for pending in batch:
-                    if not pending.future.done():
-                        pending.future.set_exception(exc)
-            else:
-                for pending, reply in zip(batch, replies, strict=True):
-                    if not pending.future.done():
-                        pending.future.set_result(reply)
-            finally:
-                self.stats.active_batch = 0
+            await self._resumed.wait()
+            async with self._model_lock:
+                batch = [p for p in batch if not p.future.done()]  # clients may have left during a pause
+                if batch:
+                    await self._generate(batch)
+
+    async def _generate(self, batch: list[_Pending]) -> None:
+        requests = [p.request for p in batch]
+        self.stats.active_batch = len(batch)
+        self.stats.batches += 1
+        self.stats.generate_calls += self.backend.generate_calls(requests)
+        self.stats.largest_batch = max(self.stats.largest_batch, len(batch))
+        try:
+            replies = await asyncio.to_thread(self.backend.generate, requests)
+        except Exception as exc:  # a failed generation fails its requests, not the server
+            logger.exception("generation failed for a batch of %d", len(batch))
+            for pending in batch:
+                if not pending.future.done():
+                    pending.future.set_exception(exc)
+        else:
+            for pending, reply in zip(batch, replies, strict=True):
+                if not pending.future.done():
+                    pending.future.set_result(reply)
+        finally:
+            self.stats.active_batch = 0
 
     async def aclose(self) -> None:
         if self._worker is not None:

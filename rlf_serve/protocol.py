@@ -154,3 +154,135 @@ def apply_stop_strings(text: str, stops: Sequence[str]) -> tuple[str, bool]:
     """
     cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
     return (text[:cut], True) if cut >= 0 else (text, False)
+
+
+# ----------------------------------------------------------------------------------------------
+# /v1/completions with a token-id prompt (what an RL trainer sends: the exact ids it trains on)
+# ----------------------------------------------------------------------------------------------
+
+# Sampling knobs a completions client may send; only their neutral values are served (the model's
+# raw distribution is the contract: anything else would change what the logprobs mean).
+_NEUTRAL_KNOBS = {
+    "repetition_penalty": 1.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "min_p": 0.0,
+    "min_tokens": 0,
+}
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """One validated ``/v1/completions`` request whose prompt is a list of token ids.
+
+    ``logprobs``: return the sampled tokens' raw log-probabilities (OpenAI's ``logprobs: 0``);
+    ``return_token_ids``: return the generated ids (vLLM's field), as the trainer needs them.
+    """
+
+    prompt: tuple[int, ...]
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    logprobs: bool = False
+    return_token_ids: bool = False
+    tokens_as_ids: bool = False
+    skip_special_tokens: bool = True
+
+    def sampling_key(self) -> tuple[Any, ...]:
+        """Requests with equal keys can share one generate call."""
+        return (self.temperature, self.top_p, self.top_k, self.seed, self.stop_token_ids)
+
+
+@dataclass(frozen=True)
+class CompletionReply:
+    """What the model generated for one :class:`CompletionRequest` (ids end with the stop token)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: FinishReason
+    prompt_tokens: int
+    stop_reason: int | None = None  # the stop token id, when one ended the completion
+
+
+def _token_ids(value: Any, key: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value
+    ):
+        raise RequestError(f"'{key}' must be a list of token ids (integers >= 0)", param=key)
+    return tuple(value)
+
+
+def parse_completion_request(
+    body: Any, *, default_max_tokens: int = 16, max_tokens_limit: int = 32768
+) -> CompletionRequest:
+    """Validate an OpenAI ``/v1/completions`` body with a token-id prompt; raises :class:`RequestError`.
+
+    Example:
+        >>> r = parse_completion_request({"prompt": [1, 2, 3], "max_tokens": 4, "logprobs": 0, "seed": 7})
+        >>> r.prompt, r.max_tokens, r.logprobs, r.seed
+        ((1, 2, 3), 4, True, 7)
+        >>> parse_completion_request({"prompt": "hi"})
+        Traceback (most recent call last):
+        ...
+        rlf_serve.protocol.RequestError: 'prompt' must be a list of token ids: this server takes token-id prompts on /v1/completions (use /v1/chat/completions for text)
+    """
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    prompt = body.get("prompt")
+    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list)):
+        raise RequestError(
+            "'prompt' must be a list of token ids: this server takes token-id prompts on "
+            "/v1/completions (use /v1/chat/completions for text)",
+            param="prompt",
+        )
+    ids = _token_ids(prompt, "prompt")
+    if not ids:
+        raise RequestError("'prompt' must hold at least one token id", param="prompt")
+    for key, bad in (("stream", True), ("echo", True), ("ignore_eos", True)):
+        if body.get(key) is bad:
+            raise RequestError(f"'{key}' is not supported; send {key}=false", param=key)
+    n = body.get("n", 1)
+    if n != 1:
+        raise RequestError(f"only n=1 is supported, got {n!r}", param="n")
+    for key, neutral in _NEUTRAL_KNOBS.items():
+        if body.get(key) not in (None, neutral):
+            raise RequestError(
+                f"'{key}' must be {neutral} (the raw distribution), got {body[key]!r}", param=key
+            )
+    max_tokens = body.get("max_tokens", default_max_tokens)
+    if (
+        isinstance(max_tokens, bool)
+        or not isinstance(max_tokens, int)
+        or not 1 <= max_tokens <= max_tokens_limit
+    ):
+        raise RequestError(f"'max_tokens' must be an integer in [1, {max_tokens_limit}], got {max_tokens!r}",
+                           param="max_tokens")  # fmt: skip
+    logprobs = body.get("logprobs")
+    if logprobs not in (None, 0) or isinstance(logprobs, bool):
+        raise RequestError(
+            f"'logprobs' must be 0 (the sampled token's) or null: top alternatives are not computed, got {logprobs!r}",
+            param="logprobs",
+        )
+    top_k = body.get("top_k")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < -1):
+        raise RequestError(f"'top_k' must be an integer >= -1 (0 and -1: off), got {top_k!r}", param="top_k")
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise RequestError(f"'seed' must be an integer, got {seed!r}", param="seed")
+    return CompletionRequest(
+        prompt=ids,
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_number(body, "top_p", 1.0, 1e-6, 1.0),
+        top_k=max(0, top_k or 0),
+        seed=seed,
+        stop_token_ids=_token_ids(body.get("stop_token_ids") or [], "stop_token_ids"),
+        logprobs=logprobs == 0,
+        return_token_ids=bool(body.get("return_token_ids")),
+        tokens_as_ids=bool(body.get("return_tokens_as_token_ids")),
+        skip_special_tokens=body.get("skip_special_tokens", True) is not False,
+    )

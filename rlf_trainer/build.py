@@ -157,7 +157,7 @@ def num_train_tasks(config: Config, envs: Any) -> int | None:
 
 
 def make_policy(config: Config, accelerator: Any, model: Any, tokenizer: Any, model_path: str) -> Policy:
-    """The sampling policy: the trained model itself (HF) or a vLLM engine of its own."""
+    """The sampling policy: the trained model itself (HF), a vLLM engine of its own, or remote servers."""
     cfg = config
     if cfg.policy.backend == "hf":
         from rlf_trainer.policy.hf import HFPolicy
@@ -170,6 +170,8 @@ def make_policy(config: Config, accelerator: Any, model: Any, tokenizer: Any, mo
             prefix_cache_tokens=cfg.policy.hf_prefix_cache_tokens,
             generation_dtype=dtype,
         )
+    if cfg.policy.backend == "remote":
+        return make_remote_policy(config, tokenizer, model_path)
     from rlf_trainer.policy.vllm import VLLMPolicy
 
     v = cfg.policy.vllm
@@ -206,6 +208,30 @@ def make_demonstrator(config: Config) -> Demonstrator | None:
     except CollectError as exc:
         raise ConfigError(f"algorithm.guidance: {exc}") from exc
     return agent
+
+
+def make_remote_policy(config: Config, tokenizer: Any, model_path: str) -> Policy:
+    """``policy.backend: remote``: the inference servers of ``policy.remote`` (weights written under
+    ``policy.remote.weights_dir``, default ``<run dir>/remote_weights``)."""
+    from transformers import GenerationConfig
+
+    from rlf_trainer.policy.remote import RemotePolicy
+
+    r = config.policy.remote
+    weights_dir = os.path.expandvars(os.path.expanduser(r.weights_dir)) if r.weights_dir else None
+    try:  # its eos ids end completions too
+        generation_config = GenerationConfig.from_pretrained(model_path)
+    except OSError:  # the folder has no generation_config.json
+        generation_config = None
+    return RemotePolicy(
+        r.urls,
+        tokenizer,
+        generation_config=generation_config,
+        weights_dir=weights_dir or config.run_dir / "remote_weights",
+        model_name=r.model,
+        request_timeout_s=r.request_timeout_s,
+        max_attempts=r.max_attempts,
+    )
 
 
 def learner(config: Config, accelerator: Any, model_path: str) -> Learner:

@@ -180,11 +180,17 @@ class Config(Section):
         check_guidance(algo.guidance, algo)
         if algo.loss == "gspo" and algo.turn_rewards != "sum":
             raise ConfigError("gspo has one ratio per sequence: algorithm.turn_rewards must be 'sum'")
+        if rollout.overlap and self.policy.backend == "remote":
+            raise ConfigError(
+                "rollout.overlap is the colocated vLLM's; with policy.backend=remote set "
+                "rollout.max_staleness=1 to roll out on the servers while the trainer trains"
+            )
         if rollout.overlap and self.policy.backend != "vllm":
             raise ConfigError(
                 "rollout.overlap needs policy.backend=vllm: the HF policy generates with the very "
                 "module being trained, so the next rollout cannot run during the update"
             )
+        self._validate_remote()
         env_turns = self.env.kwargs.get("max_turns")
         if rollout.max_turns is not None and env_turns is not None and env_turns != rollout.max_turns:
             raise ConfigError(
@@ -195,10 +201,36 @@ class Config(Section):
         if (
             rollout.mode == "auto"
         ):  # async needs a continuously batching engine; HF generate is batch-synchronous
-            rollout.mode = "async" if self.policy.backend == "vllm" else "lockstep"
+            rollout.mode = "lockstep" if self.policy.backend == "hf" else "async"
         if algo.tis_cap is None:  # the overlap's one-step-stale samples need the correction
-            algo.tis_cap = 2.0 if rollout.overlap else 0.0
+            algo.tis_cap = 2.0 if rollout.overlap or rollout.max_staleness > 0 else 0.0
         return self
+
+    def _validate_remote(self) -> None:
+        """The rules of ``policy.backend: remote`` and ``rollout.max_staleness``."""
+        remote, staleness = self.policy.remote, self.rollout.max_staleness
+        if self.policy.backend != "remote":
+            if staleness > 0:
+                raise ConfigError(
+                    "rollout.max_staleness is for policy.backend=remote (the colocated vLLM's "
+                    "one-step overlap is rollout.overlap)"
+                )
+            return
+        if not remote.urls:
+            raise ConfigError(
+                "policy.backend=remote needs policy.remote.urls: the inference servers, e.g. "
+                "'policy.remote.urls=[\"http://127.0.0.1:8000\"]'"
+            )
+        for url in remote.urls:
+            if not url.startswith(("http://", "https://")):
+                raise ConfigError(f"policy.remote.urls: {url!r} is not an http(s) URL")
+        if remote.sync_every > 0 and remote.sync_every - 1 > staleness:
+            raise ConfigError(
+                f"policy.remote.sync_every={remote.sync_every} leaves the servers up to "
+                f"{remote.sync_every - 1} versions behind, more than rollout.max_staleness={staleness}: "
+                f"every such sample would be dropped; raise rollout.max_staleness to "
+                f"{remote.sync_every - 1} or push every step"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict (YAML/JSON-friendly where the values are)."""

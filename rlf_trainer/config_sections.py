@@ -89,6 +89,9 @@ class RolloutConfig(Section):
     corrected by ``algorithm.tis_cap``); steps that follow an eval or a checkpoint sample on-policy,
     so resuming stays exact. ``drop_sim_errors``: episodes whose user simulator failed
     (``info["sim_error"]``) leave the batch instead of training on a reward they did not earn.
+    ``max_staleness`` (``policy.backend: remote``): the most weight versions a trained sample may
+    lag the weights it trains; from 1 on, the next step's rollout runs on the servers while this
+    step trains and pushes its weights. Older samples leave the update (``rollout/dropped_stale``).
     """
 
     prompts_per_step: int = Field(4, ge=1)
@@ -102,6 +105,7 @@ class RolloutConfig(Section):
     max_concurrent_episodes: int | None = Field(None, ge=1)
     overlap: bool = False
     drop_sim_errors: bool = True
+    max_staleness: int = Field(0, ge=0)
 
 
 class GuidanceConfig(Section):
@@ -144,7 +148,8 @@ class AlgorithmConfig(Section):
     as verl does), ``"rollout"`` uses the sampler's recorded logprobs.
     ``tis_cap``: weight each token's surrogate by ``min(pi_theta / pi_sampler, tis_cap)``
     (truncated importance sampling against the sampler's logprobs); None = 2.0 under
-    ``rollout.overlap`` and off otherwise, 0 = off (``Config.validate`` writes the value in).
+    ``rollout.overlap`` or ``rollout.max_staleness`` > 0 and off otherwise, 0 = off
+    (``Config.validate`` writes the value in).
     ``max_refill_rounds``: with ``dynamic_sampling``, roll out up to this many extra batches of new
     prompts to replace the dropped groups, so the update trains on a full batch (0: train on fewer).
     ``turn_rewards``: how per-turn env rewards become token advantages (``sum``: one advantage per
@@ -235,15 +240,37 @@ class VLLMConfig(Section):
     max_model_len: int | None = Field(None, ge=1)
 
 
+class RemoteConfig(Section):
+    """Inference servers that scale apart from the trainer (``policy.backend: remote``): ``vllm serve``
+    (with ``VLLM_SERVER_DEV_MODE=1`` for its weight-update routes) or ``rlf-serve``.
+
+    ``urls``: the servers (``http://host:port``); a request goes to the one with the fewest in
+    flight, and to another when one fails. ``sync_every``: push the weights after every k-th
+    optimizer step (0: never; the servers keep the weights they started with). ``weights_dir``:
+    where the trainer writes the weight folders the servers load; every server must read that
+    path (None: ``<run dir>/remote_weights``). ``model``: the name sent as ``model`` (None: the
+    server's only model). ``request_timeout_s`` bounds one try of one request; ``max_attempts``
+    the tries of a request over all servers (None: 2 per server + 1)."""
+
+    urls: list[str] = Field(default_factory=list)
+    sync_every: int = Field(1, ge=0)
+    weights_dir: str | None = None
+    model: str | None = None
+    request_timeout_s: Number = Field(300.0, gt=0)
+    max_attempts: int | None = Field(None, ge=1)
+
+
 class PolicyConfig(Section):
-    """Who generates: ``hf`` (transformers, shares the training module) or ``vllm`` (colocated engine).
+    """Who generates: ``hf`` (transformers, shares the training module), ``vllm`` (colocated engine)
+    or ``remote`` (inference servers elsewhere, :class:`RemoteConfig`).
 
     ``hf_prefix_cache_tokens``: the HF policy keeps key/value states of up to that many tokens
     between turns, so each turn computes only its new tokens (0: re-read every prompt)."""
 
-    backend: Literal["hf", "vllm"] = "hf"
+    backend: Literal["hf", "vllm", "remote"] = "hf"
     hf_prefix_cache_tokens: int = Field(32768, ge=0)
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+    remote: RemoteConfig = Field(default_factory=RemoteConfig)
 
 
 class EvalConfig(Section):

@@ -47,7 +47,7 @@ from rlf_trainer.observe.progress import flat_hparams, step_printer
 from rlf_trainer.policy.base import Policy, inference_state_dict
 from rlf_trainer.prompts import PromptSampler
 from rlf_trainer.rollout.batch import RolloutBatch
-from rlf_trainer.rollout.collect import Prefetch, RolloutState, episodes_per_process
+from rlf_trainer.rollout.collect import Prefetch, RolloutState, episodes_per_process, rolls_ahead
 from rlf_trainer.run import checkpoint as ckpt
 from rlf_trainer.run import distributed
 from rlf_trainer.run.distributed import full_parameters
@@ -126,9 +126,15 @@ class Trainer:
             self.rollout = RolloutState(
                 config, acc, self.policy, self.envs, sampler, demonstrator=demonstrator
             )
-            self.prefetch = Prefetch() if config.rollout.overlap else None
+            self.prefetch = Prefetch() if rolls_ahead(config) else None
             self.sft_data, self.sft_sampler = self._load_sft_data()
             self._resume()
+            # Versions count optimizer steps. A separate sampler gets the weights it must start
+            # from: after a resume always; remote servers at a fresh start too (they may serve
+            # another copy, dtype or run's weights).
+            self.rollout.weights_version = self.step
+            if self.step or config.policy.backend == "remote":
+                sync_weights(self.learner, self.policy, version=self.step, force=True)
             # after a resume, TensorBoard hides the events a stopped run logged past the checkpoint
             purge = {"tensorboard": {"purge_step": self.step + 1}} if self.step else {}
             acc.init_trackers("tensorboard", config=flat_hparams(config.to_dict()), init_kwargs=purge)
@@ -178,7 +184,6 @@ class Trainer:
         self.health.replay(self.history.records)
         self._last_saved_step = self.step
         self._last_eval_step = state.get("last_eval_step")
-        sync_weights(self.learner, self.policy)
         if self.accelerator.is_main_process:
             for name in ("train_samples.jsonl", "eval_samples.jsonl"):
                 drop_records_after(self.run_dir / name, self.step)

@@ -255,7 +255,9 @@ def rlf_serve(model_dir: Path, *extra_args: str, ready_timeout_s: float = 180.0)
     """
     port = free_port()
     command = [sys.executable, "-m", "rlf_serve.app", "--model", str(model_dir), "--served-model-name", "tiny",
-               "--port", str(port), "--threads", "1", *extra_args]  # fmt: skip
+               "--port", str(port), "--threads", "1", "--dtype", "float32", *extra_args]  # fmt: skip
+    # fp32 unless the test asks otherwise: the tests compare with fp32 forwards and trainers, and
+    # --dtype auto would pick bf16 on a CPU that has it
     with tempfile.TemporaryFile() as log:
         process = subprocess.Popen(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=log, stderr=log)  # fmt: skip
         try:

@@ -161,3 +161,111 @@ def test_parse_chat_request_accepts_openai_shapes() -> None:
         parse_chat_request({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})
     assert apply_stop_strings("abc", ["x"]) == ("abc", False)
     assert apply_stop_strings("a<|x|>b</s>", ["</s>", "<|x|>"]) == ("a", True)
+
+
+# ------------------------------------------------------------------------------------------------
+# /v1/completions with token ids, and the weight-reload routes (what a remote RL policy uses)
+# ------------------------------------------------------------------------------------------------
+
+
+def _completion(root: str, prompt: list[int], **body: Any) -> tuple[int, Any]:
+    request = {"prompt": prompt, "max_tokens": 8, "logprobs": 0, "return_token_ids": True, **body}
+    return call("POST", f"{root}/v1/completions", json=request)
+
+
+def _model_logprobs(model_dir: Path, prompt: list[int], completion: list[int]) -> list[float]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tests.helpers import forward_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return forward_logprobs(model, prompt, completion).tolist()
+
+
+def test_token_id_completions_return_the_sampled_ids_and_their_raw_logprobs(
+    root: str, shared_tiny_model_dir: Path
+) -> None:
+    from tests.helpers import LOGPROB_ATOL
+
+    prompt = [5, 17, 230, 99, 4]
+    status, reply = _completion(root, prompt, seed=11, temperature=0.8, top_k=0, skip_special_tokens=False)
+    assert status == 200, reply
+    [choice] = reply["choices"]
+    ids, logprobs = choice["token_ids"], choice["logprobs"]["token_logprobs"]
+    assert len(ids) == len(logprobs) == 8 and choice["finish_reason"] == "length"
+    assert choice["prompt_token_ids"] == prompt and reply["usage"]["completion_tokens"] == 8
+    # raw (temperature-1) log-probabilities of the sampled ids, whatever the sampling temperature
+    assert logprobs == pytest.approx(_model_logprobs(shared_tiny_model_dir, prompt, ids), abs=LOGPROB_ATOL)
+    _, again = _completion(root, prompt, seed=11, temperature=0.8, return_tokens_as_token_ids=True)
+    assert again["choices"][0]["token_ids"] == ids
+    assert again["choices"][0]["logprobs"]["tokens"] == [f"token_id:{t}" for t in ids]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"prompt": "text"}, "prompt"),
+        ({"prompt": [1, -2]}, "prompt"),
+        ({"prompt": [1], "logprobs": 5}, "logprobs"),
+        ({"prompt": [1], "repetition_penalty": 1.2}, "repetition_penalty"),
+        ({"prompt": [1], "echo": True}, "echo"),
+    ],
+)
+def test_bad_completion_requests_name_their_field(root: str, body: dict[str, Any], param: str) -> None:
+    status, reply = call("POST", f"{root}/v1/completions", json=body)
+    assert status == 400 and reply["error"]["param"] == param, reply
+
+
+def test_reload_weights_serves_a_new_checkpoint_folder_in_place(
+    root: str, shared_tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """vLLM's update sequence: pause, collective_rpc reload_weights, update_weight_version, resume."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.helpers import LOGPROB_ATOL
+
+    changed = tmp_path / "changed"
+    model = AutoModelForCausalLM.from_pretrained(shared_tiny_model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(1.5)
+    model.save_pretrained(changed)
+    AutoTokenizer.from_pretrained(shared_tiny_model_dir).save_pretrained(changed)
+    prompt = [5, 17, 230, 99, 4]
+
+    def reload(folder: Path, version: str) -> None:
+        assert call("POST", f"{root}/pause?mode=wait") == (200, {"status": "paused"})
+        assert call("GET", f"{root}/is_paused") == (200, {"is_paused": True})
+        rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}
+        assert call("POST", f"{root}/collective_rpc", json=rpc)[0] == 200
+        assert call("POST", f"{root}/update_weight_version", json={"new_version": version})[0] == 200
+        assert call("POST", f"{root}/resume") == (200, {"status": "resumed"})
+
+    try:
+        reload(changed, "1")
+        assert call("GET", f"{root}/weight_info") == (200, {"weight_version": "1"})
+        _, reply = _completion(root, prompt, seed=3)
+        ids, logprobs = reply["choices"][0]["token_ids"], reply["choices"][0]["logprobs"]["token_logprobs"]
+        assert logprobs == pytest.approx(_model_logprobs(changed, prompt, ids), abs=LOGPROB_ATOL)
+        assert logprobs != pytest.approx(_model_logprobs(shared_tiny_model_dir, prompt, ids), abs=1e-2)
+    finally:
+        reload(shared_tiny_model_dir, "0")  # the module's other tests expect the original weights
+    _, reply = _completion(root, prompt, seed=3)
+    ids, logprobs = reply["choices"][0]["token_ids"], reply["choices"][0]["logprobs"]["token_logprobs"]
+    assert logprobs == pytest.approx(_model_logprobs(shared_tiny_model_dir, prompt, ids), abs=LOGPROB_ATOL)
+
+
+def test_weight_routes_refuse_what_they_cannot_do(root: str, tmp_path: Path) -> None:
+    status, reply = call("POST", f"{root}/collective_rpc", json={"method": "sleep"})
+    assert status == 400 and "reload_weights" in reply["error"]["message"]
+    rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path / "absent")}}
+    assert call("POST", f"{root}/collective_rpc", json=rpc)[0] == 400
+    (tmp_path / "empty").mkdir()
+    rpc["kwargs"]["weights_path"] = str(tmp_path / "empty")
+    status, reply = call("POST", f"{root}/collective_rpc", json=rpc)
+    assert status == 500 and "reload_weights failed" in reply["error"]["message"]
+    assert call("POST", f"{root}/pause?mode=abort")[0] == 400
+    assert call("GET", f"{root}/is_paused") == (200, {"is_paused": False})
+    assert chat(root, max_tokens=2)[0] == 200

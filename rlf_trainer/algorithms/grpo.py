@@ -19,7 +19,10 @@ parts, in the order the step calls them:
    log-probs, the ratio to pi_old, the clip, the KL penalty, the TIS weight, the aggregation;
    a demonstration's tokens take LUFFY's policy shaping instead of the clipped ratio).
    Episodes whose advantages are all 0 count in the denominators but are not forwarded.
-4. :func:`~rlf_trainer.algorithms.optimize.sync_weights` pushes the new weights to a vLLM engine.
+4. :func:`~rlf_trainer.algorithms.optimize.sync_weights` pushes the new weights to a vLLM engine
+   or to remote inference servers (``policy.backend: remote``, every ``policy.remote.sync_every``
+   steps). Remote samples carry the weights version that drew them; those more than
+   ``rollout.max_staleness`` versions old leave the update (:func:`trainable`).
 
 The state is two objects: :class:`~rlf_trainer.rollout.collect.RolloutState` (what playing needs)
 and :class:`~rlf_trainer.algorithms.optimize.Learner` (what the update changes). The loss
@@ -91,12 +94,14 @@ def train_step(
     separate_sampler = not samples_with_trained_model(learner, rollout.policy)
     metrics = update(learner, batch, advantages, keep, measure_sampler_kl=separate_sampler)
     metrics["time/train"] = time.perf_counter() - train_started
-    # 4. the engine gets the new weights (after the in-flight rollout: it must be idle)
+    # 4. the engine gets the new weights: a colocated one after the in-flight rollout (it must be
+    # idle); remote servers while it goes on (their requests in flight finish on the old weights)
     sync_started = time.perf_counter()
-    if prefetch is not None:
+    if prefetch is not None and rollout.config.policy.backend != "remote":
         prefetch.join()
-    sync_weights(learner, rollout.policy)
+    sync_weights(learner, rollout.policy, version=rollout.weights_version + 1)
     staleness = rollout.weights_version - collected.version
+    metrics |= staleness_metrics(rollout, batch, keep)  # against the weights this step trained
     rollout.weights_version += 1
     metrics["time/sync"] = time.perf_counter() - sync_started
 
@@ -106,8 +111,12 @@ def train_step(
     metrics["kept_episodes"] = float(len(keep))
     metrics["rollout/tokens"] = float(collected.batch.attention_mask.sum())  # this process's sequences
     metrics["rollout/generated_tokens"] = float(collected.batch.loss_mask.sum())
-    if separate_sampler:  # the HF policy samples with the trained weights: always 0 there
+    # the HF policy samples with the trained weights (always 0); tagged samples were counted above
+    if separate_sampler and "rollout/dropped_stale" not in metrics:
         metrics["rollout/staleness"] = float(staleness)
+    take_policy_metrics = getattr(rollout.policy, "take_metrics", None)
+    if callable(take_policy_metrics):  # the remote policy: servers' queue depth, tokens/s, failovers
+        metrics |= take_policy_metrics()
     timings = collected.batch.timings
     metrics["time/generate"] = timings["generate"]
     metrics["time/tools"] = timings["tools+reward"]  # env steps: tool calls + rewards
@@ -206,9 +215,35 @@ def guided_advantage(stats: list[EpisodeStats], per_turn: list[list[float]]) -> 
 
 # --------------------------------------------------------------------------------------------- 2. advantages
 def trainable(rollout: RolloutState, batch: RolloutBatch) -> list[bool]:
-    """Per episode: False where its user simulator failed and ``rollout.drop_sim_errors`` is on."""
+    """Per episode: False where its user simulator failed and ``rollout.drop_sim_errors`` is on, or
+    where it was sampled more than ``rollout.max_staleness`` versions ago (:func:`too_stale`)."""
     drop = rollout.config.rollout.drop_sim_errors
-    return [not (drop and s.sim_error) for s in batch.stats]
+    return [not (drop and s.sim_error) and not too_stale(rollout, s) for s in batch.stats]
+
+
+def episode_staleness(rollout: RolloutState, stats: EpisodeStats) -> int | None:
+    """Versions between the weights that drew the episode (its oldest turn) and those being trained
+    now; None when the policy does not tag its samples (it samples with the current weights)."""
+    return None if stats.weights_version is None else rollout.weights_version - stats.weights_version
+
+
+def too_stale(rollout: RolloutState, stats: EpisodeStats) -> bool:
+    lag = episode_staleness(rollout, stats)
+    return lag is not None and lag > rollout.config.rollout.max_staleness
+
+
+def staleness_metrics(rollout: RolloutState, batch: RolloutBatch, keep: list[int]) -> dict[str, float]:
+    """For tagged samples: the max and mean staleness of the episodes the update used (never above
+    ``rollout.max_staleness``) and how many were dropped as too old; {} without tags."""
+    lags = [episode_staleness(rollout, s) for s in batch.stats]
+    if all(lag is None for lag in lags):
+        return {}
+    kept = [lags[i] for i in keep if lags[i] is not None]
+    out = {"rollout/dropped_stale": float(sum(too_stale(rollout, s) for s in batch.stats))}
+    if kept:
+        out["rollout/staleness"] = float(max(kept))
+        out["rollout/staleness_mean"] = sum(kept) / len(kept)
+    return out
 
 
 def fill_batch(
@@ -249,7 +284,9 @@ def fill_batch(
         batch = RolloutBatch.concat([b for b, _ in kept], int(rollout.policy.tokenizer.pad_token_id or 0))
         per_turn = [episode for _, turns in kept for episode in turns]
     keep = [i for i, ok in enumerate(trainable(rollout, batch)) if ok]
-    info["sim_errors_dropped"] = float(len(batch) - len(keep))
+    info["sim_errors_dropped"] = (
+        float(sum(bool(s.sim_error) for s in batch.stats)) if rollout.config.rollout.drop_sim_errors else 0.0
+    )
     return batch, per_turn, keep, info
 
 
@@ -556,6 +593,7 @@ __all__ = [
     "episode_advantages",
     "fill_batch",
     "micro_batch_loss",
+    "staleness_metrics",
     "train_step",
     "trainable",
     "update",

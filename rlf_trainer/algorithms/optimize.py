@@ -157,12 +157,34 @@ def _core_model(accelerator: Any, model: Any) -> Any:
     return core.get_base_model() if hasattr(core, "peft_config") else core
 
 
-def sync_weights(learner: Learner, policy: Any) -> None:
-    """Give a sampler that is not the trained module (a vLLM engine, the HF policy's bf16 copy) the
-    current weights; an HF policy that samples with the trained module itself needs nothing."""
-    if not samples_with_trained_model(learner, policy):
+def sync_weights(learner: Learner, policy: Any, *, version: int | None = None, force: bool = False) -> None:
+    """Give a sampler that is not the trained module the current weights, as version ``version``.
+
+    A vLLM engine and the HF policy's bf16 copy: every call. Remote servers: after every
+    ``policy.remote.sync_every``-th version (never when it is 0), or whenever ``force`` (a run's
+    start and a resume, so the servers serve exactly the trained weights). An HF policy that
+    samples with the trained module itself needs nothing.
+    """
+    if learner.config.policy.backend == "remote":
+        every = learner.config.policy.remote.sync_every
+        version = policy.version + 1 if version is None else version
+        if every and (force or version % every == 0):
+            push_to_servers(learner, policy, version)
+    elif not samples_with_trained_model(learner, policy):
         with full_parameters(learner.accelerator, learner.model):
             policy.update_weights(learner.accelerator.unwrap_model(learner.model))
+
+
+def push_to_servers(learner: Learner, policy: Any, version: int) -> None:
+    """The main process writes the weights and has the servers load them; the other processes
+    (whose parameters a sharded model needs to gather) then ask the servers what they serve."""
+    acc = learner.accelerator
+    with full_parameters(acc, learner.model):
+        if acc.is_main_process:
+            policy.update_weights(acc.unwrap_model(learner.model), version=version)
+    acc.wait_for_everyone()
+    if not acc.is_main_process:
+        policy.refresh_versions()
 
 
 def samples_with_trained_model(learner: Learner, policy: Any) -> bool:
@@ -173,6 +195,7 @@ def samples_with_trained_model(learner: Learner, policy: Any) -> bool:
 __all__ = [
     "Learner",
     "TokenLogprobs",
+    "push_to_servers",
     "samples_with_trained_model",
     "step_optimizer",
     "sync_weights",

@@ -236,6 +236,7 @@ def sample_records(
                 "user_turns": stats.user_turns,
                 "sim_error": stats.sim_error,
                 "demonstration": stats.demonstration,
+                "weights_version": stats.weights_version,
             }
         )
     return records

@@ -88,6 +88,9 @@ class Completion:
     ``logprobs[t]`` is the raw (temperature-1) log-probability of ``token_ids[t]``.
     ``text`` is the decoded completion without the final stop token, special tokens kept
     (``<tool_call>`` and friends must reach the env's parser).
+    ``weights_version``: the version of the weights that drew it, where the policy knows one (the
+    remote policy: the version its server held when the request was sent, so never newer than the
+    weights that sampled); None for a policy that always samples with the current weights.
     """
 
     token_ids: list[int]
@@ -95,6 +98,7 @@ class Completion:
     text: str
     finish_reason: FinishReason
     extra: dict[str, Any] = field(default_factory=dict)
+    weights_version: int | None = None
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):

@@ -140,14 +140,38 @@ def collect(rollout: RolloutState, step: int, refill_round: int = 0) -> Collecte
     )
     if not cfg.rollout.overlap:  # under overlap the engine stays up for the next rollout
         rollout.policy.sleep()
-    return Collected(batch, version, [int(p) for p in mine])
+    # a policy that tags its samples (remote servers) knows better than the version at the start
+    tags = [s.weights_version for s in batch.stats if s.weights_version is not None]
+    return Collected(batch, min(tags, default=version), [int(p) for p in mine])
+
+
+def rolls_ahead(config: Config) -> bool:
+    """Whether the next step's rollout runs while this step trains (a :class:`Prefetch`).
+
+    The colocated vLLM with ``rollout.overlap`` (staleness 1). The remote backend when
+    ``rollout.max_staleness`` leaves room for one more version besides the servers' own lag
+    (``policy.remote.sync_every - 1``): the rollout of step k+1 starts on weights of step k or
+    older, so it runs at most ``sync_every`` versions behind.
+
+    Example:
+        >>> from rlf_trainer.config import from_dict
+        >>> remote = {"backend": "remote", "remote": {"urls": ["http://h:1"], "sync_every": 2}}
+        >>> [rolls_ahead(from_dict({"policy": remote, "rollout": {"max_staleness": s}})) for s in (1, 2)]
+        [False, True]
+    """
+    r = config.rollout
+    if config.policy.backend == "remote":
+        return r.max_staleness >= max(1, config.policy.remote.sync_every)
+    return r.overlap
 
 
 class Prefetch:
-    """``rollout.overlap``: collect step k+1 on a worker thread while step k trains.
+    """Collect step k+1 on a worker thread while step k trains (:func:`rolls_ahead`).
 
-    The engine keeps the weights it had when the rollout began (the update only reaches it at the
-    next sync, after the rollout is joined), so the batch is exactly one version stale.
+    The colocated engine keeps the weights it had when the rollout began (the update only reaches
+    it at the next sync, after the rollout is joined), so the batch is exactly one version stale.
+    Remote servers take the new weights while the rollout goes on (their requests in flight finish
+    first); each sample records the version that drew it.
     """
 
     def __init__(self) -> None:
@@ -182,5 +206,6 @@ __all__ = [
     "collect",
     "play",
     "prompts_per_process",
+    "rolls_ahead",
     "sampling_params",
 ]

@@ -73,6 +73,9 @@ class EpisodeStats:
     sim_error: str | None = None  # the env's info["sim_error"]: the user simulator failed (a kind)
     task_metadata: dict[str, Any] = field(default_factory=dict)  # reset info: e.g. DeepSearch's hops
     demonstration: bool = False  # played by algorithm.guidance's demonstrator, not sampled by the policy
+    # the oldest weights version that sampled one of its turns, where the policy reports versions
+    # (the remote policy); None: sampled with the current weights
+    weights_version: int | None = None
 
 
 @dataclass
@@ -314,6 +317,9 @@ def add_completion(traj: Trajectory, completion: Completion, max_total_tokens: i
         traj.turn_spans.append((start, len(traj.token_ids)))
     traj.stats.response_length += len(ids)
     traj.stats.turn_finish_reasons.append(completion.finish_reason)
+    if completion.weights_version is not None:  # the episode is as stale as its oldest turn
+        tags = [v for v in (traj.stats.weights_version, completion.weights_version) if v is not None]
+        traj.stats.weights_version = min(tags)
     if len(completion.token_ids) > room:
         traj.force_finish = True  # the turn was cut: the env never sees the partial text
         return False

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import html
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import gymnasium as gym
@@ -31,6 +33,7 @@ from rlf_studio.runner import RunProcess
 from rlf_studio.runs import curve_rows, metric_keys, rollouts_html
 from rlf_studio.tools import BUNDLED_SERVERS, add_bundled, check_mcp_json, connect
 from tests.helpers import REPO
+from tests.studio_fixtures.page import Tabs, page_tabs
 from tests.studio_fixtures.projects import echo_project
 
 FIXTURES = REPO / "tests" / "studio_fixtures"
@@ -39,6 +42,18 @@ FIXTURES = REPO / "tests" / "studio_fixtures"
 @pytest.fixture
 def project(tmp_path: Path) -> Project:
     return echo_project(tmp_path)
+
+
+@pytest.fixture
+def tabs(project: Project) -> Iterator[Tabs]:
+    """The page's tabs over the studio that holds ``project`` (its servers and runs stop afterwards)."""
+    from rlf_studio.ui.common import Studio
+
+    studio = Studio(project.root.parent)
+    try:
+        yield page_tabs(studio)
+    finally:
+        studio.close()
 
 
 def _run(coro):
@@ -118,6 +133,51 @@ def test_tool_session_calls_and_error_kinds() -> None:
 def test_failing_server_command_is_a_message() -> None:
     session, message = connect({"mcpServers": {"broken": {"command": "/nonexistent/rlf-no-such-server"}}})
     assert session is None and message.startswith("Server failed to start: broken:")
+
+
+def _broken(command: str) -> str:
+    return json.dumps({"mcpServers": {"broken": {"command": command}}})
+
+
+@pytest.mark.parametrize(
+    ("command", "why"),
+    [("/nonexistent/rlf-no-such-server", "does not exist"), ("rlf-no-such-server", "is not on PATH")],
+)
+def test_save_refuses_a_command_connect_reports_missing(
+    project: Project, tabs: Tabs, command: str, why: str
+) -> None:
+    path, saved = str(project.root), project.mcp_path.read_text()
+    assert tabs.tools.on_connect(path, _broken(command))[0].startswith(
+        "**Error:** Server failed to start: broken:"
+    )
+    status = html.unescape(tabs.tools.on_save(path, _broken(command)))
+    assert (
+        status
+        == f"**Error:** server 'broken': the command {command!r} {why}"
+        + (" (install it, or give its full path)" if why == "is not on PATH" else "")
+        + " (nothing saved)"
+    )
+    assert project.mcp_path.read_text() == saved
+    assert why in tabs.tools.on_validate(_broken(command))  # Validate and Save give one verdict
+    latency = json.dumps(add_bundled("{}", "latency")[0])
+    assert tabs.tools.on_save(path, latency).startswith("**Done:** saved mcp.json")
+
+
+def test_a_failed_connect_keeps_the_last_good_tools(
+    project: Project, tabs: Tabs, tiny_model_dir: Path
+) -> None:
+    path, model = str(project.root), str(tiny_model_dir)
+    status, table, _ = tabs.tools.on_connect(path, project.mcp_path.read_text())
+    assert status.startswith("**Done:** connected") and "sleep" in list(table["tool"])
+    count = tabs.tools.on_count(path, model)
+    assert "tool schema(s) take" in count
+    status, table, choices = tabs.tools.on_connect(path, _broken("/nonexistent/rlf-no-such-server"))
+    # the tools list and the tool picker are left as they were (gr.skip), not emptied
+    assert isinstance(table, dict) and table == choices == {"__type__": "update"}
+    assert tabs.tools.on_count(path, model) == count
+    called, result = tabs.tools.on_call(path, "sleep", '{"ms": 1, "payload": "still here"}')
+    assert called.startswith("**Done:** **ok**") and result == "slept 1.0 ms: still here"
+    assert "Server failed to start" in status and "still those of the last Connect" in status
 
 
 # --- data ----------------------------------------------------------------------------------------

@@ -82,6 +82,9 @@ def test_tools_bundled_server_and_playground(ui: Page, project: Path) -> None:
     ui.fill("mcp-json", '{"mcpServers": {"broken": {"command": "/nonexistent/rlf-no-such-server"}}}')
     ui.click("mcp-connect")
     ui.sees("tools-status", "Server failed to start")
+    ui.click("mcp-save")  # the command Connect just reported missing is not saved either
+    ui.sees("tools-status", "the command '/nonexistent/rlf-no-such-server' does not exist (nothing saved)")
+    assert not (project / "mcp.json").exists()
 
     ui.fill("mcp-json", '{"mcpServers": {}}')
     ui.click("add-latency")
@@ -115,6 +118,29 @@ def test_tools_bundled_server_and_playground(ui: Page, project: Path) -> None:
     ui.sees("tools-status", "nothing saved")
     saved = json.loads((project / "mcp.json").read_text())
     assert "latency" in saved["mcpServers"]  # the bad save lost nothing
+
+
+def test_tools_stay_after_a_reload_and_a_failed_connect(ui: Page, project: Path) -> None:
+    """The servers run in the studio, not in the page: a reload shows their tools again, and a
+    Connect that fails keeps the tools of the last one that worked."""
+    ui.reload()
+    ui.sees("current-project", str(project))
+    ui.tab("Tools")
+    ui.sees("tools-table", "sleep")
+    ui.has_value("tool-name", "sleep")
+    ui.sees("tools-tokens", "tool schema(s) take", timeout_ms=TRAIN_TIMEOUT_MS)
+    ui.click("tool-call")
+    ui.sees("tool-call-status", "ok")
+
+    ui.fill("mcp-json", '{"mcpServers": {"broken": {"command": "/nonexistent/rlf-no-such-server"}}}')
+    ui.click("mcp-connect")
+    ui.sees("tools-status", "Server failed to start")
+    ui.sees("tools-status", "the tools listed are still those of the last Connect")
+    ui.sees("tools-table", "sleep")
+    ui.sees("tools-tokens", "tool schema(s) take")
+    ui.fill("tool-args", '{"ms": 1, "payload": "still connected"}')
+    ui.click("tool-call")
+    ui.has_value("tool-result", "still connected")
 
 
 def test_data_upload_map_and_save(ui: Page, project: Path) -> None:

@@ -200,6 +200,7 @@ class ToolsTab:
         if not name:
             return error("pick a tool"), ""
         outcome = session.call(name, parse_json_object(text, "arguments JSON"))
+        self.studio.saw_tool_result(path, outcome.text)  # Start's budget makes room for results this long
         if outcome.ok:
             return ok(outcome.markdown()), outcome.text
         return error(f"{outcome.error_kind} after {outcome.latency_ms:.1f} ms"), outcome.text

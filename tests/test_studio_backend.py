@@ -285,6 +285,18 @@ def test_train_config_is_the_trainers_and_imports_the_composed_reward(project: P
     assert yaml.safe_load(path.read_text())["logging"]["samples_per_step"] == 4
 
 
+def test_start_lists_the_config_it_saved(project: Project, tabs: Tabs, tiny_model_dir: Path) -> None:
+    """Start writes configs/<run>.yaml: the saved-configs dropdown offers it at once, not after a reload."""
+    from rlf_studio.training import TrainForm
+
+    assert project.configs() == []
+    form = TrainForm(model=str(tiny_model_dir), run_name="fresh", max_total_tokens=2048)
+    outputs = tabs.train.on_start(str(project.root), *form.values())
+    assert outputs[0].startswith("**Done:** started run 'fresh'"), outputs[0]
+    assert project.configs() == ["fresh"]
+    assert outputs[-1] == {"__type__": "update", "choices": ["fresh"], "value": "fresh"}
+
+
 def test_run_process_abort_stops_the_group(tmp_path: Path) -> None:
     child = tmp_path / "child.pid"
     code = (

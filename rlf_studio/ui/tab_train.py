@@ -162,7 +162,7 @@ class TrainTab:
 
     def _wire(self, project_state: gr.State) -> None:
         form = [project_state, *self.widgets]
-        launched = [self.status, self.cmd, self.run_state, self.timer, self.config_view]
+        launched = [self.status, self.cmd, self.run_state, self.timer, self.config_view, self.configs]
         self.preview.click(self.on_preview, form, [self.status, self.cmd, self.config_view])
         self.save.click(self.on_save, form, [self.status, self.configs, self.cmd, self.config_view])
         self.load.click(self.on_load, [project_state, self.configs], [self.status, *self.widgets])
@@ -250,14 +250,15 @@ class TrainTab:
         argv = command(save_config(project, data), form)
         self.studio.runs[str(run_dir)] = RunProcess.start(argv, run_dir, run_env(project), cwd=project.root)
         verb = "resumed" if resuming else "started"
+        configs = gr.update(choices=project.configs(), value=form.run_name)  # the config it just saved
         return (ok(f"{verb} run {form.run_name!r} ({budget})"), command_text(argv), str(run_dir),
-                gr.Timer(active=True), yaml.safe_dump(data, sort_keys=False))  # fmt: skip
+                gr.Timer(active=True), yaml.safe_dump(data, sort_keys=False), configs)  # fmt: skip
 
-    @guarded(5)
+    @guarded(6)
     def on_start(self, path: str, *values: Any) -> tuple[Any, ...]:
         return self.launch(path, values, resuming=False)
 
-    @guarded(5)
+    @guarded(6)
     def on_resume(self, path: str, *values: Any) -> tuple[Any, ...]:
         return self.launch(path, values, resuming=True)
 

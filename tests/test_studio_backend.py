@@ -76,6 +76,17 @@ def test_projects_create_open_list(tmp_path: Path) -> None:
         open_project(tmp_path, "missing")
 
 
+def test_create_says_when_it_reopens_an_existing_project(tmp_path: Path) -> None:
+    """Create with a name in use reopens that project (nothing is overwritten) and must say so."""
+    from rlf_studio.ui.common import Studio
+
+    tabs = page_tabs(Studio(tmp_path))
+    assert tabs.projects.on_create("beta")[0] == "**Done:** created project 'beta'"
+    (tmp_path / "beta" / "tasks" / "train.jsonl").write_text('{"id": "0", "question": "q", "answer": "a"}\n')
+    assert tabs.projects.on_create("beta")[0] == "**Done:** reopened the existing project 'beta'"
+    assert (tmp_path / "beta" / "tasks" / "train.jsonl").read_text().startswith('{"id": "0"')
+
+
 # --- tools ---------------------------------------------------------------------------------------
 
 

@@ -66,6 +66,8 @@ def test_create_project_and_reload(ui: Page, project: Path) -> None:
     ui.sees("project-status", "created project 'demo'")
     ui.sees("current-project", str(project))
     assert (project / "project.json").is_file()
+    ui.click("project-create")  # the name of a project that exists: it is reopened, not created
+    ui.sees("project-status", "reopened the existing project 'demo'")
     # a fresh page lists the projects that exist now, and a reload keeps the open project
     ui.wait_stored("rlf-studio-project", None)  # rlf_studio.ui.app keeps the open project there
     ui.reload()

@@ -213,6 +213,14 @@ def test_read_records_formats_and_errors(tmp_path: Path) -> None:
         map_records([{"question": 3, "answer": "x"}], "question", "answer")
 
 
+def test_a_rejected_file_leaves_an_empty_table_with_the_task_columns(tabs: Tabs) -> None:
+    """Not a table without columns: the page drew one as Gradio's placeholder headers "1 2 3"."""
+    status, rows, *_, table = tabs.data.on_upload(str(FIXTURES / "tasks.csv"))
+    assert "tasks.csv is not a task file" in status and rows == []
+    assert list(table.columns) == ["id", "question", "answer"] and table.empty
+    assert list(tabs.data.on_project("")[1].columns) == ["id", "question", "answer"]
+
+
 def test_saved_tasks_load_in_the_env(project: Project) -> None:
     train, test = split_records(
         map_records(read_records(FIXTURES / "tasks.jsonl"), "question", "golden_answers"), 0.25

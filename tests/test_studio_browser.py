@@ -155,6 +155,8 @@ def test_data_upload_map_and_save(ui: Page, project: Path) -> None:
     # a rejected file leaves nothing loaded: Save must not save the previous file's rows
     ui.upload("data-file", FIXTURES / "tasks.csv")
     ui.sees("data-status", "tasks.csv is not a task file")
+    ui.sees("data-table", "question")  # an empty table of tasks, not placeholder headers "1 2 3"
+    ui.lacks("data-table", "label")  # the rejected file's rows are gone
     ui.click("data-save")
     ui.sees("data-status", "load a task file first")
     assert not (project / "tasks" / "train.jsonl").exists()
@@ -244,7 +246,7 @@ def test_train_form_checks_and_survives_a_reload(
     # the tiny model fitted to call `sleep`: a random one never writes a tool call to show in Runs
     _train_form(ui, tool_calling_model_dir, "tiny", -1)
     ui.click("train-preview")
-    ui.sees("train-status", "max_steps must be >= 0")
+    ui.sees("train-status", "steps must be at least 1 (got -1)")  # Start's rule and words for 0 too
     ui.fill("train-run", "my run")
     ui.click("train-preview")
     ui.sees("train-status", "a run name may hold letters")

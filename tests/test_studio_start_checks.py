@@ -62,9 +62,27 @@ def tabs(project: Project) -> Iterator[Tabs]:
 # --- Start's refusals ----------------------------------------------------------------------------
 
 
-def test_start_refuses_what_cannot_train() -> None:
-    assert start_problems(TrainForm()) == []
-    problems = start_problems(TrainForm(max_steps=0, group_size=1))
+def test_start_refuses_what_cannot_train(project: Project, tabs: Tabs) -> None:
+    """One rule in one wording per field, whichever button meets it: Preview once said the config
+    loader's `max_steps must be >= 0` for -1, and Start then refused 0 with "at least 1"."""
+    path = str(project.root)
+    for field, value, rule in [
+        ("max_steps", -1, "steps must be at least 1 (got -1)"),
+        ("max_steps", 0, "steps must be at least 1 (got 0)"),
+        ("group_size", 0, "group size must be at least 2"),
+        ("group_size", 1, "group size must be at least 2"),
+    ]:
+        values = dataclasses.replace(TrainForm(), **{field: value}).values()
+        assert rule in tabs.train.on_preview(path, *values)[0]
+        assert rule in tabs.train.on_save(path, *values)[0]
+        started = tabs.train.on_start(path, *values)[0]
+        assert rule in started and "no run started" in started
+    assert not project.runs_dir.joinpath("run1").exists() and project.configs() == []
+
+    from rlf_studio.training import form_problems
+
+    assert form_problems(TrainForm()) == [] and start_problems(TrainForm()) == []
+    problems = form_problems(TrainForm(max_steps=0, group_size=1))
     assert [p.split(" must")[0] for p in problems] == ["steps", "group size"]
     assert "GRPO-style losses compare the samples of one prompt" in problems[1]
 

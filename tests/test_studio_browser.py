@@ -46,9 +46,10 @@ def ui(project_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     executable = chromium_path()
     with studio_server(project_dir) as url, sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=executable, headless=True)
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.goto(url)
-        yield Page(page, screenshot_dir(tmp_path_factory.mktemp("screenshots")))
+        page = Page(browser.new_page(viewport={"width": 1280, "height": 900}),
+                    screenshot_dir(tmp_path_factory.mktemp("screenshots")))  # fmt: skip
+        page.open(url)
+        yield page
         browser.close()
 
 

@@ -66,7 +66,9 @@ class ProjectsTab:
                 return _opened(self.studio, open_project(self.studio.root, saved_path), "reopened")
             except ProjectError:
                 pass  # deleted or moved since: start with no project open
-        return "", gr.skip(), gr.skip(), gr.skip(), gr.update(choices=names, value=None)
+        # nothing to say: the status is left alone, so a late page-load answer never erases the
+        # answer of a button pressed while the page was loading
+        return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.update(choices=names, value=None)
 
 
 def build(studio: Studio, project_state: gr.State) -> ProjectsTab:

@@ -202,6 +202,10 @@ class EpisodeSession:
     def chat(self) -> list[dict[str, Any]]:
         return chat_messages(self.messages, self.calls)
 
+    def tool_results(self) -> list[str]:
+        """The texts of the episode's tool results, as the model read them (cut by the env)."""
+        return [str(m.get("content") or "") for m in self.messages if m.get("role") == "tool"]
+
     def close(self) -> None:
         self.env.close()
         if self._loop is not None:

@@ -16,8 +16,8 @@ Example:
     >>> import tempfile
     >>> root = Path(tempfile.mkdtemp())
     >>> project = create_project(root, "demo")
-    >>> [p.name for p in list_projects(root)], project.has_tasks
-    (['demo'], False)
+    >>> [p.name for p in list_projects(root)], project.has_tasks, is_project(root, "demo")
+    (['demo'], False, True)
     >>> create_project(root, "../bad")
     Traceback (most recent call last):
     ...
@@ -141,6 +141,11 @@ def check_name(name: str, what: str = "project") -> str:
             f"a {what} name may hold letters, digits, '-', '_' and '.' (no spaces or '/'), got {name!r}"
         )
     return name
+
+
+def is_project(root: Path, name: str) -> bool:
+    """Whether ``root/name`` is a project already (``name`` checked: :class:`ProjectError` when invalid)."""
+    return (Path(root) / check_name(name) / MARKER).is_file()
 
 
 def create_project(root: Path, name: str) -> Project:

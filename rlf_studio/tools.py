@@ -11,18 +11,23 @@ Example:
     'Invalid MCP config: server \\'a\\': needs "command" (stdio) or "url" (streamable HTTP)'
     >>> add_bundled('{}', "latency")[0]["mcpServers"]["latency"]["args"][:2]
     ['-m', 'rlf_envs.servers.latency']
+    >>> missing_commands({"mcpServers": {"git": {"command": "/no/such/mcp-server-git"}}})
+    ["server 'git': the command '/no/such/mcp-server-git' does not exist"]
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rlf_envs.loop_thread import LoopThread
 from rlf_envs.servers.launch import stdio_server_entry
-from rlf_envs.tools.mcp_config import MCPConfigError, load_mcp_config
+from rlf_envs.tools.mcp_config import MCPConfigError, MCPServerConfig, load_mcp_config
 from rlf_envs.tools.mcp_pool import MCPServerStartError, MCPToolPool
 from rlf_envs.types import ToolCall, ToolResult, ToolSpec
 
@@ -64,6 +69,38 @@ def check_mcp_json(text: str) -> tuple[dict[str, Any] | None, str]:
     config = data if "mcpServers" in data else {"mcpServers": data}
     names = ", ".join(f"{s.name} ({s.transport})" for s in servers) or "none"
     return config, f"{len(servers)} server(s): {names}"
+
+
+def _command_problem(server: MCPServerConfig) -> str | None:
+    """Why ``server``'s stdio command cannot start (None when it can be found, or for an HTTP server).
+
+    Resolved as the pool's subprocess resolves it: a command with a '/' relative to the entry's
+    ``cwd``, a bare name on the ``PATH`` of the environment the server gets (the studio's, then ``env``).
+    """
+    command = server.command
+    if command is None:
+        return None
+    if "/" in command:
+        path = Path(server.cwd or ".") / command
+        if path.is_file() and os.access(path, os.X_OK):
+            return None
+        what = "is not executable" if path.is_file() else "does not exist"
+        return f"server {server.name!r}: the command {command!r} {what}"
+    search_path = {**os.environ, **server.env}.get("PATH", os.defpath)
+    if shutil.which(command, path=search_path):
+        return None
+    return (
+        f"server {server.name!r}: the command {command!r} is not on PATH (install it, or give its full path)"
+    )
+
+
+def missing_commands(config: dict[str, Any]) -> list[str]:
+    """One message per stdio server whose command cannot be found: Connect would fail on it.
+
+    ``config`` is a valid config (:func:`check_mcp_json`); disabled servers are not checked.
+    """
+    problems = (_command_problem(server) for server in load_mcp_config(config))
+    return [problem for problem in problems if problem]
 
 
 def add_bundled(text: str, name: str) -> tuple[dict[str, Any], str]:

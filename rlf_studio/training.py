@@ -13,11 +13,11 @@ Example:
     >>> data = config_dict(project, TrainForm(model="tiny-qwen3", run_name="r1", max_steps=2))
     >>> data["model"], data["env"]["kwargs"]["reward"], data["max_steps"]
     ({'path': '', 'prepare': 'tiny-qwen3'}, 'exact_match', 2)
-    >>> check_config(dict(data, max_steps=-1))
+    >>> config_dict(project, TrainForm(max_steps=-1))
     Traceback (most recent call last):
     ...
-    rlf_studio.training.TrainConfigError: max_steps must be >= 0
-    >>> start_problems(TrainForm(max_steps=0, group_size=1))
+    rlf_studio.training.TrainConfigError: steps must be at least 1 (got -1)
+    >>> form_problems(TrainForm(max_steps=0, group_size=1))
     ['steps must be at least 1 (got 0)', 'group size must be at least 2: GRPO-style losses compare the samples of one prompt with each other (got 1)']
     >>> config_dict(project, TrainForm(env_id="RLF/Codebook-v0"))["env"]
     {'id': 'RLF/Codebook-v0', 'kwargs': {}, 'import_kwargs': {}}
@@ -171,11 +171,31 @@ def _algorithm_sections(project: Project, form: TrainForm) -> dict[str, Any]:
     }
 
 
+def form_problems(form: TrainForm) -> list[str]:
+    """The studio's own rules on the form, stricter than the config loader's (which allows
+    ``max_steps: 0`` to evaluate only, and a group of one for SFT): a run the studio starts trains.
+
+    :func:`config_dict` checks them, so Preview, Save and Start give a number one rule in one
+    wording (the loader's ``max_steps must be >= 0`` for -1 and then "at least 1" for 0 did not).
+    """
+    problems = []
+    if int(form.max_steps) < 1:
+        problems.append(f"steps must be at least 1 (got {form.max_steps})")
+    if int(form.group_size) < 2 and form.loss != SFT:
+        problems.append(
+            "group size must be at least 2: GRPO-style losses compare the samples of one prompt "
+            f"with each other (got {form.group_size})"
+        )
+    return problems
+
+
 def config_dict(project: Project, form: TrainForm) -> dict[str, Any]:
-    """The trainer config (a plain dict) for the project and the form."""
+    """The trainer config (a plain dict) for the project and the form; :class:`TrainConfigError`
+    when the form breaks one of the studio's rules (:func:`form_problems`), checked after the
+    sections are built (a bad env, model or run name is said first, as the loader's checks come after)."""
     env = _env_section(project, form)
     group = int(form.group_size) * int(form.prompts_per_step)
-    return {
+    data = {
         "model": _model_section(form.model),
         "env": env,
         "rollout": {"prompts_per_step": form.prompts_per_step, "max_turns": form.max_turns,
@@ -189,24 +209,20 @@ def config_dict(project: Project, form: TrainForm) -> dict[str, Any]:
                     "samples_per_step": group, "progress_bar": False},
         "max_steps": form.max_steps,
     }  # fmt: skip
+    problems = form_problems(form)
+    if problems:
+        raise TrainConfigError("; ".join(problems))
+    return data
 
 
 def start_problems(form: TrainForm, data: dict[str, Any] | None = None) -> list[str]:
-    """What makes a valid config still pointless to start (the config loader allows these on purpose:
-    ``max_steps: 0`` evaluates only, a group of one is fine for SFT); max turns below 1 the loader refuses.
-    With the config ``data``, an SFT data file that is not there is one too."""
+    """What makes a valid config of a valid form still impossible to start: with the config ``data``,
+    an SFT data file that is not there (a config may be saved before its data is collected)."""
     problems = []
-    if int(form.max_steps) < 1:
-        problems.append(f"steps must be at least 1 (got {form.max_steps})")
     sft_data = ((data or {}).get("sft") or {}).get("data") if form.loss == SFT else None
     if sft_data and not Path(sft_data).is_file():
         problems.append(
             f"the SFT data file {sft_data!r} does not exist (rlf-collect writes one, docs/sft.md)"
-        )
-    if int(form.group_size) < 2 and form.loss != SFT:
-        problems.append(
-            "group size must be at least 2: GRPO-style losses compare the samples of one prompt "
-            f"with each other (got {form.group_size})"
         )
     return problems
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import html
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import gymnasium as gym
@@ -31,6 +33,7 @@ from rlf_studio.runner import RunProcess
 from rlf_studio.runs import curve_rows, metric_keys, rollouts_html
 from rlf_studio.tools import BUNDLED_SERVERS, add_bundled, check_mcp_json, connect
 from tests.helpers import REPO
+from tests.studio_fixtures.page import Tabs, page_tabs
 from tests.studio_fixtures.projects import echo_project
 
 FIXTURES = REPO / "tests" / "studio_fixtures"
@@ -39,6 +42,18 @@ FIXTURES = REPO / "tests" / "studio_fixtures"
 @pytest.fixture
 def project(tmp_path: Path) -> Project:
     return echo_project(tmp_path)
+
+
+@pytest.fixture
+def tabs(project: Project) -> Iterator[Tabs]:
+    """The page's tabs over the studio that holds ``project`` (its servers and runs stop afterwards)."""
+    from rlf_studio.ui.common import Studio
+
+    studio = Studio(project.root.parent)
+    try:
+        yield page_tabs(studio)
+    finally:
+        studio.close()
 
 
 def _run(coro):
@@ -59,6 +74,17 @@ def test_projects_create_open_list(tmp_path: Path) -> None:
         create_project(tmp_path, "other")
     with pytest.raises(ProjectError, match="create it first"):
         open_project(tmp_path, "missing")
+
+
+def test_create_says_when_it_reopens_an_existing_project(tmp_path: Path) -> None:
+    """Create with a name in use reopens that project (nothing is overwritten) and must say so."""
+    from rlf_studio.ui.common import Studio
+
+    tabs = page_tabs(Studio(tmp_path))
+    assert tabs.projects.on_create("beta")[0] == "**Done:** created project 'beta'"
+    (tmp_path / "beta" / "tasks" / "train.jsonl").write_text('{"id": "0", "question": "q", "answer": "a"}\n')
+    assert tabs.projects.on_create("beta")[0] == "**Done:** reopened the existing project 'beta'"
+    assert (tmp_path / "beta" / "tasks" / "train.jsonl").read_text().startswith('{"id": "0"')
 
 
 # --- tools ---------------------------------------------------------------------------------------
@@ -120,6 +146,51 @@ def test_failing_server_command_is_a_message() -> None:
     assert session is None and message.startswith("Server failed to start: broken:")
 
 
+def _broken(command: str) -> str:
+    return json.dumps({"mcpServers": {"broken": {"command": command}}})
+
+
+@pytest.mark.parametrize(
+    ("command", "why"),
+    [("/nonexistent/rlf-no-such-server", "does not exist"), ("rlf-no-such-server", "is not on PATH")],
+)
+def test_save_refuses_a_command_connect_reports_missing(
+    project: Project, tabs: Tabs, command: str, why: str
+) -> None:
+    path, saved = str(project.root), project.mcp_path.read_text()
+    assert tabs.tools.on_connect(path, _broken(command))[0].startswith(
+        "**Error:** Server failed to start: broken:"
+    )
+    status = html.unescape(tabs.tools.on_save(path, _broken(command)))
+    assert (
+        status
+        == f"**Error:** server 'broken': the command {command!r} {why}"
+        + (" (install it, or give its full path)" if why == "is not on PATH" else "")
+        + " (nothing saved)"
+    )
+    assert project.mcp_path.read_text() == saved
+    assert why in tabs.tools.on_validate(_broken(command))  # Validate and Save give one verdict
+    latency = json.dumps(add_bundled("{}", "latency")[0])
+    assert tabs.tools.on_save(path, latency).startswith("**Done:** saved mcp.json")
+
+
+def test_a_failed_connect_keeps_the_last_good_tools(
+    project: Project, tabs: Tabs, tiny_model_dir: Path
+) -> None:
+    path, model = str(project.root), str(tiny_model_dir)
+    status, table, _ = tabs.tools.on_connect(path, project.mcp_path.read_text())
+    assert status.startswith("**Done:** connected") and "sleep" in list(table["tool"])
+    count = tabs.tools.on_count(path, model)
+    assert "tool schema(s) take" in count
+    status, table, choices = tabs.tools.on_connect(path, _broken("/nonexistent/rlf-no-such-server"))
+    # the tools list and the tool picker are left as they were (gr.skip), not emptied
+    assert isinstance(table, dict) and table == choices == {"__type__": "update"}
+    assert tabs.tools.on_count(path, model) == count
+    called, result = tabs.tools.on_call(path, "sleep", '{"ms": 1, "payload": "still here"}')
+    assert called.startswith("**Done:** **ok**") and result == "slept 1.0 ms: still here"
+    assert "Server failed to start" in status and "still those of the last Connect" in status
+
+
 # --- data ----------------------------------------------------------------------------------------
 
 
@@ -140,6 +211,14 @@ def test_read_records_formats_and_errors(tmp_path: Path) -> None:
         read_records(tmp_path / "bad.jsonl")
     with pytest.raises(DataError, match="row 1: the question column 'question' must be non-empty text"):
         map_records([{"question": 3, "answer": "x"}], "question", "answer")
+
+
+def test_a_rejected_file_leaves_an_empty_table_with_the_task_columns(tabs: Tabs) -> None:
+    """Not a table without columns: the page drew one as Gradio's placeholder headers "1 2 3"."""
+    status, rows, *_, table = tabs.data.on_upload(str(FIXTURES / "tasks.csv"))
+    assert "tasks.csv is not a task file" in status and rows == []
+    assert list(table.columns) == ["id", "question", "answer"] and table.empty
+    assert list(tabs.data.on_project("")[1].columns) == ["id", "question", "answer"]
 
 
 def test_saved_tasks_load_in_the_env(project: Project) -> None:
@@ -223,6 +302,18 @@ def test_train_config_is_the_trainers_and_imports_the_composed_reward(project: P
     assert info["reward"] == pytest.approx(1.0)
     assert load_project_reward(project.root) is not None
     assert yaml.safe_load(path.read_text())["logging"]["samples_per_step"] == 4
+
+
+def test_start_lists_the_config_it_saved(project: Project, tabs: Tabs, tiny_model_dir: Path) -> None:
+    """Start writes configs/<run>.yaml: the saved-configs dropdown offers it at once, not after a reload."""
+    from rlf_studio.training import TrainForm
+
+    assert project.configs() == []
+    form = TrainForm(model=str(tiny_model_dir), run_name="fresh", max_total_tokens=2048)
+    outputs = tabs.train.on_start(str(project.root), *form.values())
+    assert outputs[0].startswith("**Done:** started run 'fresh'"), outputs[0]
+    assert project.configs() == ["fresh"]
+    assert outputs[-1] == {"__type__": "update", "choices": ["fresh"], "value": "fresh"}
 
 
 def test_run_process_abort_stops_the_group(tmp_path: Path) -> None:

@@ -46,9 +46,10 @@ def ui(project_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     executable = chromium_path()
     with studio_server(project_dir) as url, sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=executable, headless=True)
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.goto(url)
-        yield Page(page, screenshot_dir(tmp_path_factory.mktemp("screenshots")))
+        page = Page(browser.new_page(viewport={"width": 1280, "height": 900}),
+                    screenshot_dir(tmp_path_factory.mktemp("screenshots")))  # fmt: skip
+        page.open(url)
+        yield page
         browser.close()
 
 
@@ -66,6 +67,8 @@ def test_create_project_and_reload(ui: Page, project: Path) -> None:
     ui.sees("project-status", "created project 'demo'")
     ui.sees("current-project", str(project))
     assert (project / "project.json").is_file()
+    ui.click("project-create")  # the name of a project that exists: it is reopened, not created
+    ui.sees("project-status", "reopened the existing project 'demo'")
     # a fresh page lists the projects that exist now, and a reload keeps the open project
     ui.wait_stored("rlf-studio-project", None)  # rlf_studio.ui.app keeps the open project there
     ui.reload()
@@ -82,6 +85,9 @@ def test_tools_bundled_server_and_playground(ui: Page, project: Path) -> None:
     ui.fill("mcp-json", '{"mcpServers": {"broken": {"command": "/nonexistent/rlf-no-such-server"}}}')
     ui.click("mcp-connect")
     ui.sees("tools-status", "Server failed to start")
+    ui.click("mcp-save")  # the command Connect just reported missing is not saved either
+    ui.sees("tools-status", "the command '/nonexistent/rlf-no-such-server' does not exist (nothing saved)")
+    assert not (project / "mcp.json").exists()
 
     ui.fill("mcp-json", '{"mcpServers": {}}')
     ui.click("add-latency")
@@ -117,6 +123,29 @@ def test_tools_bundled_server_and_playground(ui: Page, project: Path) -> None:
     assert "latency" in saved["mcpServers"]  # the bad save lost nothing
 
 
+def test_tools_stay_after_a_reload_and_a_failed_connect(ui: Page, project: Path) -> None:
+    """The servers run in the studio, not in the page: a reload shows their tools again, and a
+    Connect that fails keeps the tools of the last one that worked."""
+    ui.reload()
+    ui.sees("current-project", str(project))
+    ui.tab("Tools")
+    ui.sees("tools-table", "sleep")
+    ui.has_value("tool-name", "sleep")
+    ui.sees("tools-tokens", "tool schema(s) take", timeout_ms=TRAIN_TIMEOUT_MS)
+    ui.click("tool-call")
+    ui.sees("tool-call-status", "ok")
+
+    ui.fill("mcp-json", '{"mcpServers": {"broken": {"command": "/nonexistent/rlf-no-such-server"}}}')
+    ui.click("mcp-connect")
+    ui.sees("tools-status", "Server failed to start")
+    ui.sees("tools-status", "the tools listed are still those of the last Connect")
+    ui.sees("tools-table", "sleep")
+    ui.sees("tools-tokens", "tool schema(s) take")
+    ui.fill("tool-args", '{"ms": 1, "payload": "still connected"}')
+    ui.click("tool-call")
+    ui.has_value("tool-result", "still connected")
+
+
 def test_data_upload_map_and_save(ui: Page, project: Path) -> None:
     ui.tab("Data")
     ui.upload("data-file", FIXTURES / "no_question.jsonl")
@@ -127,6 +156,8 @@ def test_data_upload_map_and_save(ui: Page, project: Path) -> None:
     # a rejected file leaves nothing loaded: Save must not save the previous file's rows
     ui.upload("data-file", FIXTURES / "tasks.csv")
     ui.sees("data-status", "tasks.csv is not a task file")
+    ui.sees("data-table", "question")  # an empty table of tasks, not placeholder headers "1 2 3"
+    ui.lacks("data-table", "label")  # the rejected file's rows are gone
     ui.click("data-save")
     ui.sees("data-status", "load a task file first")
     assert not (project / "tasks" / "train.jsonl").exists()
@@ -216,7 +247,7 @@ def test_train_form_checks_and_survives_a_reload(
     # the tiny model fitted to call `sleep`: a random one never writes a tool call to show in Runs
     _train_form(ui, tool_calling_model_dir, "tiny", -1)
     ui.click("train-preview")
-    ui.sees("train-status", "max_steps must be >= 0")
+    ui.sees("train-status", "steps must be at least 1 (got -1)")  # Start's rule and words for 0 too
     ui.fill("train-run", "my run")
     ui.click("train-preview")
     ui.sees("train-status", "a run name may hold letters")

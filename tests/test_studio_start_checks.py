@@ -6,10 +6,13 @@ real subprocesses for Abort; no page (tests/test_studio_browser.py drives that).
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,6 +38,7 @@ from rlf_studio.training import (
     start_problems,
 )
 from rlf_trainer.observe.health import HINTS, HealthLog, HealthReport, Trip
+from tests.studio_fixtures.page import Tabs, page_tabs
 from tests.studio_fixtures.projects import echo_project
 
 
@@ -43,12 +47,42 @@ def project(tmp_path: Path) -> Project:
     return echo_project(tmp_path)
 
 
+@pytest.fixture
+def tabs(project: Project) -> Iterator[Tabs]:
+    """The page's tabs over the studio that holds ``project`` (its servers and runs stop afterwards)."""
+    from rlf_studio.ui.common import Studio
+
+    studio = Studio(project.root.parent)
+    try:
+        yield page_tabs(studio)
+    finally:
+        studio.close()
+
+
 # --- Start's refusals ----------------------------------------------------------------------------
 
 
-def test_start_refuses_what_cannot_train() -> None:
-    assert start_problems(TrainForm()) == []
-    problems = start_problems(TrainForm(max_steps=0, group_size=1))
+def test_start_refuses_what_cannot_train(project: Project, tabs: Tabs) -> None:
+    """One rule in one wording per field, whichever button meets it: Preview once said the config
+    loader's `max_steps must be >= 0` for -1, and Start then refused 0 with "at least 1"."""
+    path = str(project.root)
+    for field, value, rule in [
+        ("max_steps", -1, "steps must be at least 1 (got -1)"),
+        ("max_steps", 0, "steps must be at least 1 (got 0)"),
+        ("group_size", 0, "group size must be at least 2"),
+        ("group_size", 1, "group size must be at least 2"),
+    ]:
+        values = dataclasses.replace(TrainForm(), **{field: value}).values()
+        assert rule in tabs.train.on_preview(path, *values)[0]
+        assert rule in tabs.train.on_save(path, *values)[0]
+        started = tabs.train.on_start(path, *values)[0]
+        assert rule in started and "no run started" in started
+    assert not project.runs_dir.joinpath("run1").exists() and project.configs() == []
+
+    from rlf_studio.training import form_problems
+
+    assert form_problems(TrainForm()) == [] and start_problems(TrainForm()) == []
+    problems = form_problems(TrainForm(max_steps=0, group_size=1))
     assert [p.split(" must")[0] for p in problems] == ["steps", "group size"]
     assert "GRPO-style losses compare the samples of one prompt" in problems[1]
 
@@ -136,11 +170,58 @@ def test_prompt_over_the_budget_is_refused_with_its_numbers(project: Project, ti
     report = check_budget(form.model, data)
     assert report is not None and report.num_tools >= 2  # the latency server: sleep, stats, ...
     assert report.prompt_tokens > 64 and report.tool_tokens > 0
-    assert report.problem().startswith(f"the longest train prompt takes {report.prompt_tokens} tokens")
-    assert f"raise it above {report.prompt_tokens + 16}" in report.problem()
-    data["rollout"]["max_total_tokens"] = report.prompt_tokens + 200
-    roomy = check_budget(form.model, data)
-    assert roomy is not None and roomy.problem() == "" and "left for the episode" in roomy.words()
+    problem = report.problem()
+    assert problem.startswith(f"the longest train prompt takes {report.prompt_tokens} tokens")
+    hint = re.search(r"raise it to at least (\d+),", problem)
+    assert hint, problem
+    needed = int(hint.group(1))
+    for budget, fits in [(report.prompt_tokens + 16, False), (needed - 1, False), (needed, True)]:
+        data["rollout"]["max_total_tokens"] = budget  # the hint's number is the first that starts
+        checked = check_budget(form.model, data)
+        assert checked is not None and (checked.problem() == "") == fits, (budget, checked.problem())
+    # the whole episode: the prompt, 2 turns of 16 tokens and one tool result between them, 256
+    # tokens (docs/studio.md) while no tool has been called
+    assert needed == report.needed == report.prompt_tokens + 2 * 16 + 256
+    assert "1 tool result of 256 tokens (an estimate: call a tool in the Tools or Playground tab" in problem
+    assert "left for the episode, which may add" in checked.words()
+    data["rollout"]["max_turns"] = 1  # one turn: no tool result to read before the answer
+    assert check_budget(form.model, data).needed == report.prompt_tokens + 16
+
+
+def test_start_makes_room_for_the_longest_tool_result_seen(
+    project: Project, tabs: Tabs, tiny_model_dir: Path
+) -> None:
+    """A budget that holds the prompt and a turn cut every episode before it read a tool result: Start
+    asks for room for the longest result the person has seen (Tools tab, Playground), and no less."""
+    path = str(project.root)
+    form = TrainForm(model=str(tiny_model_dir), max_new_tokens=16, max_total_tokens=64)
+
+    def needed_by_start() -> int:
+        refusal = tabs.train.on_start(path, *form.values())[0]
+        assert "no run started" in refusal, refusal
+        assert "the longest result seen in the Tools or Playground tab" in refusal, refusal
+        return int(re.search(r"raise it to at least (\d+),", refusal).group(1))
+
+    assert tabs.tools.on_connect(path, project.mcp_path.read_text())[0].startswith("**Done:** connected")
+    status, result = tabs.tools.on_call(path, "sleep", json.dumps({"ms": 1, "payload": "tool output " * 40}))
+    assert status.startswith("**Done:** **ok**")
+    from_tools = needed_by_start()
+    data = check_config(config_dict(project, form))
+    measured = check_budget(form.model, data, tool_result=result)
+    assert measured is not None and from_tools == measured.needed
+    assert measured.result_measured
+
+    assert tabs.playground.on_reset(path, 0, 3)[0].startswith("**Done:** episode started")
+    call = {"name": "sleep", "arguments": {"ms": 1, "payload": "a longer tool output " * 40}}
+    assert "1 tool call(s)" in tabs.playground.on_send(path, f"<tool_call>{json.dumps(call)}</tool_call>")[0]
+    needed = needed_by_start()
+    assert needed > from_tools  # the Playground's longer result
+
+    form = dataclasses.replace(form, max_total_tokens=needed - 1)
+    assert f"is {needed - 1}: raise it to at least {needed}," in tabs.train.on_start(path, *form.values())[0]
+    form = dataclasses.replace(form, max_total_tokens=needed)
+    started = tabs.train.on_start(path, *form.values())[0]
+    assert started.startswith("**Done:** started run 'run1'") and "left for the episode" in started
 
 
 def test_a_short_model_context_caps_the_budget(

@@ -50,11 +50,24 @@ class Studio:
         self.episodes: dict[str, EpisodeSession] = {}
         self.runs: dict[str, RunProcess] = {}
         self.servers: dict[str, RunProcess] = {}  # rlf-serve processes of trained models, by run folder
+        # the longest tool result seen per project (Tools tab calls, Playground episodes): Start's
+        # token budget makes room for results this long
+        self.tool_results: dict[str, str] = {}
 
     def project(self, path: str | None) -> Project:
         if not path:
             raise ProjectError("open or create a project first (Projects tab)")
         return Project(Path(path))
+
+    def saw_tool_result(self, path: str, text: str) -> None:
+        """Keep ``text`` when it is the longest tool result seen in project ``path`` so far."""
+        key = str(self.project(path).root)
+        if len(text) > len(self.tool_results.get(key, "")):
+            self.tool_results[key] = text
+
+    def longest_tool_result(self, path: str) -> str | None:
+        """The longest tool result seen in project ``path`` (None: no tool was called yet)."""
+        return self.tool_results.get(str(self.project(path).root))
 
     def replace_tools(self, key: str, session: ToolSession | None) -> None:
         old = self.tool_sessions.pop(key, None)

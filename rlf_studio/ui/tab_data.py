@@ -27,9 +27,14 @@ from rlf_studio.data import (
 from rlf_studio.ui.common import Studio, error, guarded, ok, status_box
 
 ROW_NUMBER = "(row number)"  # the id choice that numbers the rows
+# the rows table's headers when nothing is loaded: what a saved task holds (a table without
+# columns would show Gradio's placeholder headers "1 2 3")
+TASK_COLUMNS = ["id", "question", "answer"]
 
 
 def _table(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    if not rows:
+        return pd.DataFrame([], columns=TASK_COLUMNS)
     headers, data = preview_rows(rows)
     return pd.DataFrame(data, columns=headers)
 
@@ -54,7 +59,7 @@ def _loaded(file: str) -> tuple[Any, ...]:
 def _rejected(message: str) -> tuple[Any, ...]:
     """The outputs after a file that cannot be read: the error, and nothing loaded any more."""
     empty = gr.update(choices=[], value=None)
-    return error(message + " (nothing loaded)"), [], "", empty, empty, empty, pd.DataFrame()
+    return error(message + " (nothing loaded)"), [], "", empty, empty, empty, _table([])
 
 
 def _id_column(choice: str | None) -> str:
@@ -105,7 +110,7 @@ class DataTab:
         with gr.Row():
             self.preview = gr.Button("Preview mapping", elem_id="data-preview")
             self.save = gr.Button("Save into project", variant="primary", elem_id="data-save")
-        self.table = gr.Dataframe(label="Rows", elem_id="data-table", wrap=True)
+        self.table = gr.Dataframe(headers=TASK_COLUMNS, label="Rows", elem_id="data-table", wrap=True)
 
     def _wire(self, project_state: gr.State) -> None:
         loaded = [self.status, self.rows_state, self.source_state, self.question, self.answer, self.task_id,
@@ -158,10 +163,10 @@ class DataTab:
 
     def on_project(self, path: str) -> tuple[Any, ...]:
         if not path:
-            return "", pd.DataFrame()
+            return "", _table([])
         tasks = load_tasks(self.studio.project(path))
         message = f"the project holds {len(tasks)} train task(s)" if tasks else "the project has no tasks yet"
-        return message, _table(tasks) if tasks else pd.DataFrame()
+        return message, _table(tasks)
 
 
 def build(studio: Studio, project_state: gr.State) -> DataTab:

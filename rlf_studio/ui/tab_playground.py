@@ -70,17 +70,24 @@ class PlaygroundTab:
         message = session.reset(int(index or 0))
         return ok(message), session.chat()
 
+    def stepped(self, path: str, session: EpisodeSession, text: str) -> str:
+        """Play the turn ``text``; its tool results count towards Start's room for tool results."""
+        message = session.step(text)
+        for result in session.tool_results():
+            self.studio.saw_tool_result(path, result)
+        return message
+
     @guarded(3)
     def on_send(self, path: str, text: str) -> tuple[Any, ...]:
         session = _session(self.studio, path)
-        message = session.step(text or "")
+        message = self.stepped(path, session, text or "")
         return ok(message), session.chat(), ""
 
     @guarded(3)
     def on_model(self, path: str, base_url: str, name: str) -> tuple[Any, ...]:
         session = _session(self.studio, path)
         text = session.model_turn(base_url.strip(), name.strip())
-        message = session.step(text)
+        message = self.stepped(path, session, text)
         return ok(f"the model said {len(text)} characters; {message}"), session.chat(), ""
 
     @guarded(2)

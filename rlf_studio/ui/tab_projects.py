@@ -7,14 +7,13 @@ never closes the open project.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
 import pandas as pd
 
-from rlf_studio.project import Project, ProjectError, create_project, list_projects, open_project
+from rlf_studio.project import Project, ProjectError, create_project, is_project, list_projects, open_project
 from rlf_studio.runs import latest_summary
 from rlf_studio.ui.common import Studio, guarded, ok, status_box
 
@@ -25,6 +24,7 @@ def _runs_table(project: Project) -> pd.DataFrame:
 
 
 def _opened(studio: Studio, project: Project, verb: str) -> tuple[Any, ...]:
+    """The outputs for an open ``project``; the status says ``<verb> project '<name>'``."""
     names = [p.name for p in list_projects(studio.root)]
     return (
         ok(f"{verb} project {project.name!r}"),
@@ -35,12 +35,29 @@ def _opened(studio: Studio, project: Project, verb: str) -> tuple[Any, ...]:
     )
 
 
-@dataclass
-class ProjectsTab:
-    """The tab's outputs and the page-load handler that restores the open project."""
+OUTPUTS = 5  # the handlers' outputs: ProjectsTab.outputs
 
-    studio: Studio
-    outputs: list[Any]  # status, project state, summary, runs table, project list
+
+class ProjectsTab:
+    """The tab's outputs, its buttons' handlers and the page-load handler that restores the open project.
+
+    A plain class, not a dataclass: Gradio keeps the handlers (bound methods) hashed, and a
+    dataclass's ``__eq__`` makes its instances unhashable.
+    """
+
+    def __init__(self, studio: Studio, outputs: list[Any]) -> None:
+        self.studio = studio
+        self.outputs = outputs  # status, project state, summary, runs table, project list
+
+    @guarded(OUTPUTS)
+    def on_create(self, text: str) -> tuple[Any, ...]:
+        # create_project reuses a project of that name (nothing is overwritten): say which it was
+        verb = "reopened the existing" if is_project(self.studio.root, text) else "created"
+        return _opened(self.studio, create_project(self.studio.root, text), verb)
+
+    @guarded(OUTPUTS)
+    def on_open(self, text: str) -> tuple[Any, ...]:
+        return _opened(self.studio, open_project(self.studio.root, text), "opened")
 
     def on_page_load(self, saved_path: str) -> tuple[Any, ...]:
         names = [p.name for p in list_projects(self.studio.root)]
@@ -49,7 +66,9 @@ class ProjectsTab:
                 return _opened(self.studio, open_project(self.studio.root, saved_path), "reopened")
             except ProjectError:
                 pass  # deleted or moved since: start with no project open
-        return "", gr.skip(), gr.skip(), gr.skip(), gr.update(choices=names, value=None)
+        # nothing to say: the status is left alone, so a late page-load answer never erases the
+        # answer of a button pressed while the page was loading
+        return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.update(choices=names, value=None)
 
 
 def build(studio: Studio, project_state: gr.State) -> ProjectsTab:
@@ -68,17 +87,9 @@ def build(studio: Studio, project_state: gr.State) -> ProjectsTab:
     summary = gr.Markdown("No project open.", elem_id="project-summary")
     runs = gr.Dataframe(headers=["run", "last step"], label="Runs of this project", elem_id="project-runs")
     outputs = [status, project_state, summary, runs, existing]
-
-    @guarded(len(outputs))
-    def on_create(text: str) -> tuple[Any, ...]:
-        return _opened(studio, create_project(studio.root, text), "created")
-
-    @guarded(len(outputs))
-    def on_open(text: str) -> tuple[Any, ...]:
-        return _opened(studio, open_project(studio.root, text), "opened")
-
-    create.click(on_create, name, outputs)
-    name.submit(on_open, name, outputs)
-    open_button.click(on_open, name, outputs)
-    existing.input(on_open, existing, outputs)
-    return ProjectsTab(studio, outputs)
+    tab = ProjectsTab(studio, outputs)
+    create.click(tab.on_create, name, outputs)
+    name.submit(tab.on_open, name, outputs)
+    open_button.click(tab.on_open, name, outputs)
+    existing.input(tab.on_open, existing, outputs)
+    return tab

@@ -3,6 +3,10 @@
 After Connect the tab says how many prompt tokens the connected tools' schemas take under a
 model's chat template: every episode's prompt carries them, so they count against the Train tab's
 "tokens per episode" (``rollout.max_total_tokens``).
+
+The servers run server-side (:attr:`Studio.tool_sessions`) and outlive the page: opening a project,
+or reloading the page, shows the tools of its running session. A Connect that fails keeps the
+servers (and the tools listed) of the last Connect that worked.
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ import pandas as pd
 from rlf_studio.budget import BudgetError, load_tokenizer, schema_tokens
 from rlf_studio.tools import (
     BUNDLED_SERVERS,
+    ToolSession,
     add_bundled,
     check_mcp_json,
     connect,
     example_arguments,
+    missing_commands,
     parse_json_object,
     tools_table,
 )
@@ -31,6 +37,14 @@ TOOL_COLUMNS = ["tool", "description", "parameters (JSON schema)"]
 
 def _dump(config: dict[str, Any]) -> str:
     return json.dumps(config, indent=2) + "\n"
+
+
+def _tool_list(session: ToolSession | None) -> tuple[pd.DataFrame, Any]:
+    """The tools table and the tool picker's choices (the first picked) for ``session``'s tools."""
+    specs = session.specs() if session is not None else []
+    names = [s.name for s in specs]
+    rows = pd.DataFrame(tools_table(specs), columns=TOOL_COLUMNS)
+    return rows, gr.update(choices=names, value=names[0] if names else None)
 
 
 def _adder(name: str) -> Any:
@@ -100,17 +114,30 @@ class ToolsTab:
         self.token_model.submit(self.on_count, counted, self.tokens)
         self.tool.change(self.on_pick, [project_state, self.tool], self.args)
         self.call.click(self.on_call, [project_state, self.tool, self.args], [self.call_status, self.result])
-        project_state.change(self.on_project, project_state, self.editor)
+        # a reload or another project: the editor and the tools of the project's running servers
+        project_state.change(self.on_project, project_state, [self.editor, self.table, self.tool]).then(
+            self.on_count, counted, self.tokens
+        )
+
+    @staticmethod
+    def checked(text: str) -> tuple[dict[str, Any] | None, str]:
+        """Validate's and Save's verdict: the env's loader, then every stdio command can be found
+        (a command Connect reports missing is never saved)."""
+        config, message = check_mcp_json(text)
+        if config is None:
+            return None, message
+        missing = missing_commands(config)
+        return (None, "; ".join(missing)) if missing else (config, message)
 
     @guarded(1)
     def on_validate(self, text: str) -> str:
-        config, message = check_mcp_json(text)
+        config, message = self.checked(text)
         return ok(message) if config is not None else error(message)
 
     @guarded(1)
     def on_save(self, path: str, text: str) -> str:
         project = self.studio.project(path)
-        config, message = check_mcp_json(text)
+        config, message = self.checked(text)
         if config is None:
             return error(message + " (nothing saved)")
         project.write_text(project.mcp_path, _dump(config))
@@ -122,19 +149,21 @@ class ToolsTab:
         config, message = check_mcp_json(text)
         if config is None:
             return error(message), gr.skip(), gr.skip()
-        self.studio.replace_tools(str(project.root), None)
+        # the new servers start before the old ones stop: a failed Connect keeps the last good tools
         session, why = connect(config)
         if session is None:
-            return error(why), pd.DataFrame([], columns=TOOL_COLUMNS), gr.update(choices=[], value=None)
+            kept = self.studio.tool_sessions.get(str(project.root))
+            still = "; the tools listed are still those of the last Connect" if kept is not None else ""
+            return error(why + still), gr.skip(), gr.skip()
         self.studio.replace_tools(str(project.root), session)
-        specs = session.specs()
-        names = [s.name for s in specs]
-        rows = pd.DataFrame(tools_table(specs), columns=TOOL_COLUMNS)
-        choices = gr.update(choices=names, value=names[0] if names else None)
-        return ok(f"connected: {len(specs)} tool(s): {', '.join(names)}"), rows, choices
+        rows, choices = _tool_list(session)
+        names = [s.name for s in session.specs()]
+        return ok(f"connected: {len(names)} tool(s): {', '.join(names)}"), rows, choices
 
     @guarded(1)
     def on_count(self, path: str, model: str) -> str:
+        if not path:
+            return ""
         session = self.studio.tool_sessions.get(str(self.studio.project(path).root))
         if session is None:
             return "Connect the servers to count their schemas' tokens."
@@ -171,15 +200,18 @@ class ToolsTab:
         if not name:
             return error("pick a tool"), ""
         outcome = session.call(name, parse_json_object(text, "arguments JSON"))
+        self.studio.saw_tool_result(path, outcome.text)  # Start's budget makes room for results this long
         if outcome.ok:
             return ok(outcome.markdown()), outcome.text
         return error(f"{outcome.error_kind} after {outcome.latency_ms:.1f} ms"), outcome.text
 
-    def on_project(self, path: str) -> str:
+    def on_project(self, path: str) -> tuple[Any, ...]:
+        """The project's mcp.json, and the tools of its servers when they are running (after a reload)."""
         project = self.studio.project(path) if path else None
-        if project is None or not project.mcp_path.is_file():
-            return EMPTY_CONFIG
-        return project.mcp_path.read_text(encoding="utf-8")
+        if project is None:
+            return (EMPTY_CONFIG, *_tool_list(None))
+        text = project.mcp_path.read_text(encoding="utf-8") if project.mcp_path.is_file() else EMPTY_CONFIG
+        return (text, *_tool_list(self.studio.tool_sessions.get(str(project.root))))
 
 
 def build(studio: Studio, project_state: gr.State) -> ToolsTab:

@@ -1,10 +1,11 @@
 """Train tab: a form over the trainer config; preview / save / load; start, abort and resume a run.
 
 Start checks what the config loader allows but cannot train (no steps, no turns, a group of one,
-a model folder that does not exist) and whether the longest prompt fits the token budget
-(:mod:`rlf_studio.budget`) before any process starts. The live view shows the state, elapsed time,
-ETA and the trainer's tripped health checks (:mod:`rlf_studio.run_health`), and one curve panel
-per metric (metrics of different scales never share an axis).
+a model folder that does not exist) and whether the token budget holds a whole episode: the
+longest prompt, every turn and the tool results between them (:mod:`rlf_studio.budget`), before
+any process starts. The live view shows the state, elapsed time, ETA and the trainer's tripped
+health checks (:mod:`rlf_studio.run_health`), and one curve panel per metric (metrics of different
+scales never share an axis).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from rlf_studio.training import (
     ALGORITHM_CHOICES,
     ENV_CHOICES,
     PREPARED_MODELS,
+    PROJECT_ENV,
     SIMULATED_ENV,
     TrainConfigError,
     TrainForm,
@@ -160,7 +162,7 @@ class TrainTab:
 
     def _wire(self, project_state: gr.State) -> None:
         form = [project_state, *self.widgets]
-        launched = [self.status, self.cmd, self.run_state, self.timer, self.config_view]
+        launched = [self.status, self.cmd, self.run_state, self.timer, self.config_view, self.configs]
         self.preview.click(self.on_preview, form, [self.status, self.cmd, self.config_view])
         self.save.click(self.on_save, form, [self.status, self.configs, self.cmd, self.config_view])
         self.load.click(self.on_load, [project_state, self.configs], [self.status, *self.widgets])
@@ -213,13 +215,15 @@ class TrainTab:
         form = load_form(self.studio.project(path), name)
         return (ok(f"loaded {name}"), *form.values())
 
-    def checked_before_start(self, form: TrainForm, data: dict[str, Any]) -> str:
+    def checked_before_start(self, path: str, form: TrainForm, data: dict[str, Any]) -> str:
         """Raise for a run that cannot train; else the budget numbers in words."""
         problems = start_problems(form, data)
         if problems:
             raise TrainConfigError("; ".join(problems) + " (no run started)")
+        # the project's own tools: the results seen in the Tools and Playground tabs are theirs
+        seen = self.studio.longest_tool_result(path) if data["env"]["id"] == PROJECT_ENV else None
         try:
-            report = check_budget(form.model, data)
+            report = check_budget(form.model, data, tool_result=seen)
         except BudgetError as exc:
             raise TrainConfigError(f"{exc} (no run started)") from None
         if report is None:
@@ -242,18 +246,19 @@ class TrainTab:
             raise ValueError(f"run {form.run_name!r} has no checkpoint to resume from: press Start")
         if not resuming and (has_checkpoint or (run_dir / "metrics.jsonl").exists()):
             raise ValueError(f"run {form.run_name!r} already exists: press Resume, or pick a new run name")
-        budget = self.checked_before_start(form, data)
+        budget = self.checked_before_start(path, form, data)
         argv = command(save_config(project, data), form)
         self.studio.runs[str(run_dir)] = RunProcess.start(argv, run_dir, run_env(project), cwd=project.root)
         verb = "resumed" if resuming else "started"
+        configs = gr.update(choices=project.configs(), value=form.run_name)  # the config it just saved
         return (ok(f"{verb} run {form.run_name!r} ({budget})"), command_text(argv), str(run_dir),
-                gr.Timer(active=True), yaml.safe_dump(data, sort_keys=False))  # fmt: skip
+                gr.Timer(active=True), yaml.safe_dump(data, sort_keys=False), configs)  # fmt: skip
 
-    @guarded(5)
+    @guarded(6)
     def on_start(self, path: str, *values: Any) -> tuple[Any, ...]:
         return self.launch(path, values, resuming=False)
 
-    @guarded(5)
+    @guarded(6)
     def on_resume(self, path: str, *values: Any) -> tuple[Any, ...]:
         return self.launch(path, values, resuming=True)
 

@@ -294,7 +294,7 @@ def test_update_on_fixed_rollouts_is_the_same_on_one_and_two_processes(tmp_path:
         "checkpoint.every=0",
         "checkpoint.save_final=false",
         "checkpoint.save_model=false",
-        "logging.tensorboard=false",
+        "logging.report_to=[]",
         # Adam turns float-rounding residues of ~zero gradients into steps of up to ~lr/100; at 1e-4
         # they stay 10x under the tolerance while every other weight moves by ~lr a step.
         "optim.lr=1e-4",

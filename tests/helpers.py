@@ -476,13 +476,22 @@ def answering_model_path(steps: int = 96) -> Path:
 
 
 def save_model_atomically(model: Any, tokenizer: Any, out: Path) -> Path:
-    """Save a fitted test model to ``out`` through a temporary folder and one rename."""
+    """Save a fitted test model to ``out`` through a temporary folder and one rename.
+
+    Several test processes (pytest-xdist workers, parallel runs) may fit the same model at once:
+    the first rename wins and the others keep its folder (the fit is deterministic), so a process
+    that is reading ``out`` never sees it deleted or half written.
+    """
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)  # atomic: a concurrent reader never sees half a model
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tmp.rename(out)  # atomic; fails when another process's folder is already there
+    except OSError:
+        if not (out / "model.safetensors").is_file():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

@@ -1,8 +1,8 @@
 """The closing lines of scripts/test.sh: one ``NAME: N passed, N failed, N skipped`` line per pytest run.
 
-Usage: python scripts/_pytest_totals.py NAME:JUNIT_XML:EXIT_STATUS ...   (the last run's line is last)
+Usage: python scripts/_pytest_totals.py NAME:JUNIT_XML[,JUNIT_XML...]:EXIT_STATUS ...   (in order)
 
-Exits 1 when a run's pytest failed, wrote no report, or passed no test (a group that silently skipped
+A name's reports are added up. Exits 1 when a run's pytest failed, wrote no report, or passed no test (a group that silently skipped
 everything, e.g. the vLLM group without vLLM, must not look like a green run).
 """
 
@@ -28,12 +28,15 @@ def counts(report: Path) -> tuple[int, int, int]:
 def main(runs: list[str]) -> int:
     ok = True
     for run in runs:
-        name, report, status = run.rsplit(":", 2)
-        if not Path(report).is_file():
-            print(f"{name}: no report (pytest exited with {status} before writing one)")
+        name, rest = run.split(":", 1)
+        reports, status = rest.rsplit(":", 1)
+        paths = [Path(p) for p in reports.split(",")]
+        missing = [p.name for p in paths if not p.is_file()]
+        if missing:
+            print(f"{name}: no report {', '.join(missing)} (exit status {status})")
             ok = False
             continue
-        passed, failed, skipped = counts(Path(report))
+        passed, failed, skipped = (sum(c) for c in zip(*(counts(p) for p in paths), strict=True))
         print(f"{name}: {passed} passed, {failed} failed, {skipped} skipped")
         ok = ok and status == "0" and passed > 0
     return 0 if ok else 1

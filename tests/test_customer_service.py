@@ -15,10 +15,6 @@ from gymnasium.utils.env_checker import check_env
 import rlf_envs  # noqa: F401  (registers the ids)
 from rlf_envs.tasks.customer_service import KINDS, CustomerServiceTask, generate_shop, make_scenarios
 
-# pytest-xdist (--dist loadgroup): one worker runs the whole module, so that its module fixtures
-# are made once (the shop env is built once)
-pytestmark = pytest.mark.xdist_group("customer_service")
-
 
 def call(name, **arguments):
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"

@@ -78,7 +78,6 @@ def two_process_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"root": root, "run_dir": root / "tiny_test", "output": output, "ranks": ranks(root / "out", 2)}
 
 
-@pytest.mark.xdist_group("two_process_run")  # one worker: the fixture launches once
 @pytest.mark.timeout(600)
 def test_two_processes_play_disjoint_episodes_that_make_up_the_step(two_process_run: dict[str, Any]) -> None:
     from rlf_trainer.prompts import PromptSampler
@@ -104,7 +103,6 @@ def test_two_processes_play_disjoint_episodes_that_make_up_the_step(two_process_
     assert len(seeds) == 4 * (3 + 2) == len(set(seeds))  # 3 steps, evals after steps 2 and 3: none reused
 
 
-@pytest.mark.xdist_group("two_process_run")  # one worker: the fixture launches once
 @pytest.mark.timeout(600)
 def test_only_the_main_process_writes_the_run_files(two_process_run: dict[str, Any]) -> None:
     run_dir: Path = two_process_run["run_dir"]
@@ -120,7 +118,6 @@ def test_only_the_main_process_writes_the_run_files(two_process_run: dict[str, A
     assert state["num_processes"] == 2 and state["step"] == 3
 
 
-@pytest.mark.xdist_group("two_process_run")  # one worker: the fixture launches once
 @pytest.mark.timeout(600)
 def test_model_exported_by_two_processes_reloads_equal_to_the_trained_weights(
     two_process_run: dict[str, Any],
@@ -140,7 +137,6 @@ def test_model_exported_by_two_processes_reloads_equal_to_the_trained_weights(
     assert max_diff({k: base[k] for k in state}, state) > 0  # it trained
 
 
-@pytest.mark.xdist_group("two_process_run")  # one worker: the fixture launches once
 @pytest.mark.timeout(600)
 def test_two_process_checkpoint_resumes_exactly_on_two_processes(
     two_process_run: dict[str, Any], tmp_path: Path
@@ -167,7 +163,6 @@ def test_two_process_checkpoint_resumes_exactly_on_two_processes(
     assert diff <= 1e-6
 
 
-@pytest.mark.xdist_group("two_process_run")  # one worker: the fixture launches once
 @pytest.mark.timeout(600)
 def test_two_process_checkpoint_resumes_on_one_process_and_says_so(
     two_process_run: dict[str, Any], tmp_path: Path

@@ -50,8 +50,6 @@ pytestmark = [
     pytest.mark.vllm,
     pytest.mark.slow,
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed"),
-    # one worker runs the launches in turn: each is two engines, and the resume reads the first's files
-    pytest.mark.xdist_group("distributed_vllm"),
 ]
 
 ENGINE = ("policy.backend=vllm", "policy.vllm.dtype=float32", "policy.vllm.max_model_len=1024")

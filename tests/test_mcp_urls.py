@@ -26,10 +26,6 @@ from rlf_envs.tools.mcp_replica import MCPReplica, ReplicaState
 from rlf_envs.types import ErrorKind, ToolCall, ToolResult
 from tests.helpers import REPO, free_port, wait_for_port
 
-# pytest-xdist (--dist loadgroup): one worker runs the whole module, so that its module fixtures
-# are made once (the latency server farm starts once)
-pytestmark = pytest.mark.xdist_group("mcp_urls")
-
 BASE_MS = 40  # server i sleeps BASE_MS + i ms by default
 EPISODES = 24
 TURNS = 8

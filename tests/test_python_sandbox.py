@@ -27,10 +27,6 @@ from rlf_envs.tasks.python_tool.sandbox import (
 )
 from tests.helpers import free_port, http_server
 
-# pytest-xdist (--dist loadgroup): one worker runs the whole module, so that its module fixtures
-# are made once (the sandbox servers start once per mode)
-pytestmark = pytest.mark.xdist_group("python_sandbox")
-
 REPO = Path(__file__).resolve().parent.parent
 SERVER = [sys.executable, "-m", "rlf_envs.tasks.python_tool.server"]
 # small limits keep the abuse cases fast; wall_s leaves a loaded machine room to hit the CPU limit first

@@ -19,10 +19,6 @@ from rlf_envs.tasks.python_tool import WORD_TEMPLATES, PythonToolTask, generate_
 from rlf_envs.tasks.python_tool.sandbox import PythonSandbox, SandboxLimits
 from tests.helpers import free_port, http_server
 
-# pytest-xdist (--dist loadgroup): one worker runs the whole module, so that its module fixtures
-# are made once (the sandbox servers start once)
-pytestmark = pytest.mark.xdist_group("python_tool_env")
-
 
 @pytest.fixture(scope="module")
 def sandbox_servers() -> Iterator[dict]:

@@ -41,10 +41,6 @@ from rlf_envs.tasks.python_tool.sandbox import (
     SandboxStartError,
 )
 
-# pytest-xdist (--dist loadgroup): one worker runs the whole module, so that its module fixtures
-# are made once (the helper binary and the local server are built once)
-pytestmark = pytest.mark.xdist_group("sandbox_escapes")
-
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
 MISSING_BWRAP = "/nonexistent/rlf-test/bwrap"

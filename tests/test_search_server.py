@@ -16,10 +16,6 @@ from rlf_envs.tasks.deepsearch.task import DeepSearchTask
 from rlf_envs.tasks.deepsearch.world import World
 from tests.helpers import free_port, http_server
 
-# pytest-xdist (--dist loadgroup): one worker runs the whole module, so that its module fixtures
-# are made once (the search index is built once)
-pytestmark = pytest.mark.xdist_group("search_server")
-
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SERVER = [sys.executable, "-m", "rlf_envs.tasks.deepsearch.server"]
 

@@ -15,10 +15,6 @@ import pytest
 from rlf_serve.protocol import RequestError, apply_stop_strings, parse_chat_request
 from tests.helpers import rlf_serve
 
-# pytest-xdist (--dist loadgroup): one worker runs the whole module, so that its module fixtures
-# are made once (the rlf-serve subprocess of each backend starts once)
-pytestmark = pytest.mark.xdist_group("serve")
-
 USER = [{"role": "user", "content": "Tell me about the river."}]
 
 

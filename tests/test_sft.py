@@ -28,10 +28,6 @@ from rlf_trainer.rollout.lockstep import run_rollout
 from rlf_trainer.rollout.trajectory import turn_end_id
 from tests.helpers import free_port
 
-# pytest-xdist (--dist loadgroup): one worker runs the whole module, so that its module fixtures
-# are made once (the demonstrations are collected once)
-pytestmark = pytest.mark.xdist_group("sft")
-
 ENV_ID = "RLF/DeepSearch-v0"
 
 

@@ -30,10 +30,6 @@ from rlf_envs.tasks.sql import (
 from rlf_envs.tasks.sql.data import database_path
 from tests.helpers import free_port, http_server
 
-# pytest-xdist (--dist loadgroup): one worker runs the whole module, so that its module fixtures
-# are made once (the database and the env are built once)
-pytestmark = pytest.mark.xdist_group("sql_env")
-
 
 def call(name, **arguments):
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"

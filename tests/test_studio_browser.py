@@ -30,12 +30,7 @@ from tests.studio_fixtures.browser import (
 pytest.importorskip("gradio")
 pytest.importorskip("playwright")
 
-pytestmark = [
-    pytest.mark.timeout(600),
-    # pytest-xdist (--dist loadgroup): one worker runs the module, so the studio server and the
-    # browser start once
-    pytest.mark.xdist_group("studio_browser"),
-]
+pytestmark = pytest.mark.timeout(600)
 FORM_KEY = "rlf-studio-train-form"  # rlf_studio.ui.app: the Train form's local-storage entry
 
 

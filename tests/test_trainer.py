@@ -75,7 +75,6 @@ def straight_run(tiny_model_dir, tmp_path_factory):
     return trainer, history, model_params(trainer)
 
 
-@pytest.mark.xdist_group("straight_run")  # with the other users of the fixture: it trains once
 def test_two_steps_write_tensorboard_checkpoints_curve_and_samples(straight_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -154,7 +153,6 @@ def wandb_history(run_file: Path, key: str) -> list[float]:
     return values
 
 
-@pytest.mark.xdist_group("straight_run")  # with the other users of the fixture: it trains once
 @pytest.mark.skipif(not HAS_WANDB, reason="wandb is not installed (pip install wandb; the dev extra has it)")
 def test_report_to_tensorboard_and_wandb_writes_both(straight_run):
     trainer, history, _ = straight_run
@@ -182,7 +180,6 @@ def test_a_tracker_that_is_unknown_or_not_installed_stops_the_run_before_the_mod
     assert not (tmp_path / "tiny_test").exists()  # nothing written either
 
 
-@pytest.mark.xdist_group("straight_run")  # with the other users of the fixture: it trains once
 def test_resume_from_step_one_reproduces_step_two_exactly(straight_run, tiny_model_dir, tmp_path):
     straight, straight_history, straight_params = straight_run
     first = list_checkpoints(straight.config.checkpoint_dir)[0]
@@ -216,7 +213,6 @@ def test_resume_from_step_one_reproduces_step_two_exactly(straight_run, tiny_mod
     assert [r["step"] for r in history.records] == [1, 2]  # the history came back with the checkpoint
 
 
-@pytest.mark.xdist_group("straight_run")  # with the other users of the fixture: it trains once
 def test_resume_in_the_same_run_folder_keeps_one_version_of_each_step(straight_run, tiny_model_dir, tmp_path):
     """A stopped run logged steps past its last checkpoint: after the resume each step is there once."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -247,7 +243,6 @@ def test_resume_in_the_same_run_folder_keeps_one_version_of_each_step(straight_r
     assert [e.step for e in events.Scalars("eval/reward")] == [2]
 
 
-@pytest.mark.xdist_group("straight_run")  # with the other users of the fixture: it trains once
 def test_the_final_model_folder_loads_with_the_trained_weights(straight_run):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

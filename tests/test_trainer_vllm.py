@@ -66,7 +66,6 @@ def stepped(tiny_model_dir, tmp_path_factory):
     yield {"trainer": trainer, "records": records, "scored": scored, "trained_params": trained_params}
 
 
-@pytest.mark.xdist_group("vllm_stepped")  # one worker: the fixture trains once
 def test_each_step_samples_with_the_weights_being_trained(stepped):
     first, second = stepped["records"]
     assert first["grad_norm"] > 0 and second["grad_norm"] > 0
@@ -79,7 +78,6 @@ def test_each_step_samples_with_the_weights_being_trained(stepped):
     )
 
 
-@pytest.mark.xdist_group("vllm_stepped")  # one worker: the fixture trains once
 def test_the_engine_holds_the_trained_weights(stepped, tiny_model):
     moved = max(
         float((stepped["trained_params"][name] - value).abs().max())
@@ -97,7 +95,6 @@ def test_the_engine_holds_the_trained_weights(stepped, tiny_model):
     )
 
 
-@pytest.mark.xdist_group("vllm_stepped")  # one worker: the fixture trains once
 def test_close_shuts_the_engine_down(stepped):
     policy = stepped["trainer"].policy
     assert policy.closed

@@ -20,10 +20,6 @@ import torch
 from rlf_trainer.policy import HFPolicy, SamplingParams
 from tests.helpers import LOGPROB_ATOL, REPO, forward_logprobs
 
-# pytest-xdist (--dist loadgroup): one worker runs the whole module, so that its module fixtures
-# are made once (one vLLM engine serves the module)
-pytestmark = pytest.mark.xdist_group("vllm_policy")
-
 try:
     import vllm  # noqa: F401
 

@@ -155,6 +155,7 @@ def check_grpo(shape: GPUCheckShape, model: Path, out: Path) -> dict[str, Any]:
         "policy.vllm.max_model_len=4096", "eval.every=0", "checkpoint.every=0", "checkpoint.save_final=false",
         "checkpoint.save_model=false", "checkpoint.resume=none", f"logging.dir={out}", "logging.run_name=gpu_check",
         "logging.progress_bar=false", "optim.lr=1e-5",
+        "logging.report_to=[]",  # the GPU image may lack tensorboard; the report has the figures
     ]  # fmt: skip
     if not shape.dry:
         overrides.append("mixed_precision=bf16")
@@ -162,7 +163,13 @@ def check_grpo(shape: GPUCheckShape, model: Path, out: Path) -> dict[str, Any]:
     trainer = Trainer(load_config(config, overrides))
     history = trainer.train()
     keys = ("step", "time/step", "time/generate", "time/train", "sampler_kl", "reward/mean", "samples/s")
-    return {"backend": backend, "steps": [{k: r.get(k) for k in keys if k in r} for r in history.records]}
+    steps = [{k: r[k] for k in keys if k in r} for r in history.records]
+    if not vllm_available():  # the HF policy samples with the trained module: there is nothing to compare
+        return {"backend": backend, "steps": steps, "sampler_kl": "not measured: the HF backend samples with the trained module"}  # fmt: skip
+    unmeasured = [step["step"] for step in steps if "sampler_kl" not in step]
+    if unmeasured:  # the figure this part exists for: a missing one is a failure, not a blank
+        raise RuntimeError(f"the vLLM run logged no sampler_kl at steps {unmeasured}")
+    return {"backend": backend, "steps": steps}
 
 
 def check_launch(shape: GPUCheckShape, model: Path, out: Path) -> dict[str, Any]:
@@ -178,7 +185,7 @@ def check_launch(shape: GPUCheckShape, model: Path, out: Path) -> dict[str, Any]
         "--config", str(repo / "examples" / "configs" / "tiny_test.yaml"), f"model.path={model}",
         "model.prepare=null", f"logging.dir={out}", "logging.run_name=launch", "logging.progress_bar=false",
         f"env.kwargs.mcp_servers.mcpServers.latency.command={sys.executable}", "rollout.max_new_tokens=16",
-        "eval.every=0", "checkpoint.every=0", "checkpoint.resume=none",
+        "eval.every=0", "checkpoint.every=0", "checkpoint.resume=none", "logging.report_to=[]",
     ]  # fmt: skip
     started = time.perf_counter()
     done = subprocess.run(args, capture_output=True, text=True, timeout=300, check=False)

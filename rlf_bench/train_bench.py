@@ -127,7 +127,7 @@ def run_rlf(model_dir: str | os.PathLike[str], shape: TrainBenchShape, workdir: 
             "logging": {
                 "dir": str(workdir),
                 "run_name": "rlf",
-                "tensorboard": False,
+                "report_to": [],
                 "samples_jsonl": False,
                 "progress_bar": False,
             },

@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trainer = Trainer(config)
         history = trainer.train()
+    except ConfigError as exc:  # what only the start can find: a tracker not installed, a process count
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
     except (PromptBudgetError, HealthCheckFailed) as exc:
         print(f"rlf-train: {exc}", file=sys.stderr)
         return 3

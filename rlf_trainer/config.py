@@ -388,7 +388,13 @@ def _describe(key: str, items: list[dict[str, Any]]) -> str:
     return f"{key or 'config'}: {first['msg']} (got {value!r})"
 
 
+# Keys that were replaced: an old config is told what to write instead.
+_REPLACED_KEYS = {"logging.tensorboard": "logging.report_to: [tensorboard] (or [] for none)"}
+
+
 def _unknown_key(key: str) -> str:
+    if key in _REPLACED_KEYS:
+        return f"{key} was replaced by {_REPLACED_KEYS[key]}"
     parent, _, name = key.rpartition(".")
     model = _section(parent)
     valid = sorted(model.model_fields) if model is not None else []

@@ -307,11 +307,19 @@ class CheckpointConfig(Section):
 
 
 class LoggingConfig(Section):
-    """Run directory ``<dir>/<run_name>``: TensorBoard events, metrics.jsonl, samples, curve PNG."""
+    """Run directory ``<dir>/<run_name>``: metrics.jsonl, samples, curve PNG, TensorBoard events.
+
+    ``report_to``: Accelerate's trackers to log the metrics to (``tensorboard``, ``wandb``,
+    ``mlflow``, ``trackio``, ..., ``all``; ``[]``: none), checked before the run starts
+    (:mod:`rlf_trainer.observe.trackers`); ``project`` is their project (mlflow: experiment), the run
+    is named ``run_name``; ``tracker_kwargs`` adds keyword arguments per tracker.
+    """
 
     dir: str = "runs"
     run_name: str = "grpo"
-    tensorboard: bool = True
+    report_to: list[str] = Field(default_factory=lambda: ["tensorboard"])
+    project: str = "rlf"
+    tracker_kwargs: dict[str, dict[str, Any]] = Field(default_factory=dict)
     samples_jsonl: bool = True
     samples_per_step: int = Field(2, ge=0)
     progress_bar: bool = True

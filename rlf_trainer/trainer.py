@@ -32,6 +32,7 @@ from rlf_trainer.algorithms.optimize import sync_weights
 from rlf_trainer.algorithms.sft import sft_step
 from rlf_trainer.algorithms.sft_data import load_sft_examples
 from rlf_trainer.config import Config, ConfigError, dump_config
+from rlf_trainer.observe import trackers
 from rlf_trainer.observe.budget import check_run_budget
 from rlf_trainer.observe.evaluation import evaluate
 from rlf_trainer.observe.health import HealthLog, HealthMonitor
@@ -87,11 +88,18 @@ class Trainer:
         # `auto` becomes what this machine does fast; config.yaml records the choice
         config.mixed_precision = resolve_mixed_precision(config.mixed_precision)
         self.run_dir = config.run_dir
+        resume_from = ckpt.resolve_resume(config.checkpoint.resume, config.checkpoint_dir)
+        # before anything is built: a tracker that is misspelt or not installed stops the run here
+        log_with = trackers.trackers(
+            config.logging,
+            self.run_dir,
+            first_step=ckpt.read_state(resume_from)["step"] if resume_from else 0,
+        )
         self.accelerator = distributed.make_accelerator(
             config.distributed.timeout_s,
             gradient_accumulation_steps=config.optim.gradient_accumulation_steps,
             mixed_precision=config.mixed_precision,
-            log_with="tensorboard" if config.logging.tensorboard else None,
+            log_with=log_with or None,
             project_dir=str(self.run_dir),
         )
         acc = self.accelerator
@@ -128,16 +136,18 @@ class Trainer:
             )
             self.prefetch = Prefetch() if rolls_ahead(config) else None
             self.sft_data, self.sft_sampler = self._load_sft_data()
-            self._resume()
+            self._resume(resume_from)
             # Versions count optimizer steps. A separate sampler gets the weights it must start
             # from: after a resume always; remote servers at a fresh start too (they may serve
             # another copy, dtype or run's weights).
             self.rollout.weights_version = self.step
             if self.step or config.policy.backend == "remote":
                 sync_weights(self.learner, self.policy, version=self.step, force=True)
-            # after a resume, TensorBoard hides the events a stopped run logged past the checkpoint
-            purge = {"tensorboard": {"purge_step": self.step + 1}} if self.step else {}
-            acc.init_trackers("tensorboard", config=flat_hparams(config.to_dict()), init_kwargs=purge)
+            acc.init_trackers(
+                config.logging.project,
+                config=flat_hparams(config.to_dict()),
+                init_kwargs=trackers.init_kwargs(config.logging, self.run_dir),
+            )
         except BaseException:
             if hasattr(self, "policy"):
                 self.policy.close()
@@ -162,8 +172,7 @@ class Trainer:
             return self.sft_sampler.state(step, self.config.sft.batch_size)
         return self.rollout.sampler.state(step, self.config.rollout.prompts_per_step)
 
-    def _resume(self) -> None:
-        path = ckpt.resolve_resume(self.config.checkpoint.resume, self.config.checkpoint_dir)
+    def _resume(self, path: Path | None) -> None:
         if path is None:
             return
         state = ckpt.read_state(path)

@@ -15,6 +15,9 @@ Import them from here (``from tests.helpers import free_port, http_server``), ne
   :func:`text_score`, the same without ``em``), :func:`model_params`;
 - guidance: :func:`echo_turn` and :func:`echo_demonstrator` (a scripted agent for tiny_test.yaml's
   echo questions: one ``sleep`` tool call, then the right answer).
+- multi-process launches: :func:`torchrun`, :func:`accelerate_launch`, :func:`train_py`, :func:`record`
+  (tests/dist_scripts/train_and_record.py), :func:`launch`, :func:`launch_with_fault`, :func:`faulty`,
+  :func:`ranks`, :func:`max_diff`, :func:`same_metrics`.
 
 torch, transformers and the trainer are imported inside the functions that need them, so importing
 this module stays cheap for the env tests.
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -489,13 +493,22 @@ def answering_model_path(steps: int = 96) -> Path:
 
 
 def save_model_atomically(model: Any, tokenizer: Any, out: Path) -> Path:
-    """Save a fitted test model to ``out`` through a temporary folder and one rename."""
+    """Save a fitted test model to ``out`` through a temporary folder and one rename.
+
+    Several test processes (pytest-xdist workers, parallel runs) may fit the same model at once:
+    the first rename wins and the others keep its folder (the fit is deterministic), so a process
+    that is reading ``out`` never sees it deleted or half written.
+    """
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)  # atomic: a concurrent reader never sees half a model
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tmp.rename(out)  # atomic; fails when another process's folder is already there
+    except OSError:
+        if not (out / "model.safetensors").is_file():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -517,3 +530,141 @@ def echo_demonstrator(messages: list[dict[str, Any]], info: dict[str, Any]) -> s
     if match is None:
         raise ValueError(f"not an echo question: {question!r}")
     return echo_turn(match.group(1), sum(1 for m in messages if m.get("role") == "assistant"))
+
+
+# ------------------------------------------------------------------------------------------------
+# Multi-process launches (tests/test_distributed.py, tests/test_distributed_vllm.py)
+# ------------------------------------------------------------------------------------------------
+
+
+SCRIPTS = REPO / "tests" / "dist_scripts"
+LAUNCH_TIMEOUT_S = 420  # a generous hang guard: a 2-process tiny run takes ~1 min on a busy 2-core machine
+SMALL = (
+    "rollout.max_new_tokens=8",
+    "eval.num_prompts=2",
+    "eval.samples_to_log=2",
+    "distributed.timeout_s=30",
+    "logging.progress_bar=false",
+    "mixed_precision=no",  # the launches compare figures across process counts (tiny_config's rule)
+)
+
+
+def launch_env() -> dict[str, str]:
+    """This environment less any launcher's variables (the test itself may run under one), one thread a rank."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "MASTER_"))
+    }
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def launch(args: list[str], log: Path, timeout_s: float = LAUNCH_TIMEOUT_S) -> tuple[int, str]:
+    """Run a launcher command; returns its exit status and its output (stdout and stderr together)."""
+    with log.open("w") as out:
+        proc = subprocess.run(
+            args, stdout=out, stderr=subprocess.STDOUT, env=launch_env(), cwd=REPO, timeout=timeout_s
+        )
+    return proc.returncode, log.read_text(errors="replace")
+
+
+def launch_with_fault(args: list[str], log: Path, fault: Path, after_fault_s: float) -> tuple[int, str]:
+    """Like :func:`launch`, but every rank must be gone within ``after_fault_s`` of the fault.
+
+    The fault file holds the fault's time; a launch still running ``after_fault_s`` later is a
+    hang: its process group is killed and the test fails (a hang guard, not a speed check).
+    """
+    started = time.time()
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            args, stdout=out, stderr=subprocess.STDOUT, env=launch_env(), cwd=REPO, start_new_session=True
+        )
+        try:
+            while proc.poll() is None and not fault.exists():
+                if time.time() - started > LAUNCH_TIMEOUT_S:
+                    raise subprocess.TimeoutExpired(args, LAUNCH_TIMEOUT_S)
+                time.sleep(0.2)
+            if proc.poll() is None:
+                time.sleep(0.2)  # the fault file is written just before the fault
+                deadline = float(fault.read_text()) + after_fault_s
+                proc.wait(timeout=max(deadline - time.time(), 0.0))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            pytest.fail(
+                f"the launch still ran {after_fault_s:.0f} s after the fault:\n{log.read_text()[-4000:]}"
+            )
+    if fault.exists():
+        print(f"fault on rank 1 -> every rank gone: {time.time() - float(fault.read_text()):.1f} s")
+    return proc.returncode, log.read_text(errors="replace")
+
+
+def torchrun(nproc: int, *args: str) -> list[str]:
+    """``torchrun --standalone`` (a free rendezvous port) of ``nproc`` processes."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
+
+
+def accelerate_launch(*args: str) -> list[str]:
+    """``accelerate launch`` with ``args`` (a ``--config_file`` first, then the script)."""
+    return [sys.executable, "-m", "accelerate.commands.launch", *args]
+
+
+def train_py(model: Path, log_dir: Path, *overrides: str) -> list[str]:
+    """examples/train.py on tiny_test.yaml, :data:`SMALL`, for a launcher to start (no interpreter first)."""
+    return [
+        str(REPO / "examples" / "train.py"),
+        "--config",
+        str(TINY_CONFIG),
+        f"model.path={model}",
+        "model.prepare=null",
+        f"logging.dir={log_dir}",
+        f"env.kwargs.mcp_servers.mcpServers.latency.command={sys.executable}",
+        *SMALL,
+        *overrides,
+    ]
+
+
+def record(out: Path, model: Path, run_dir: Path, *overrides: str) -> list[str]:
+    """tests/dist_scripts/train_and_record.py: the run, and what each rank played, in ``out``."""
+    return [str(SCRIPTS / "train_and_record.py"), str(out), str(model), str(run_dir), *SMALL, *overrides]
+
+
+def ranks(out: Path, world: int) -> list[dict[str, Any]]:
+    """The ``rank_<r>.json`` records :func:`record` wrote."""
+    return [json.loads((out / f"rank_{r}.json").read_text()) for r in range(world)]
+
+
+def max_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+# How the work was cut (padding, tokens per process) and how long it took depend on the process count.
+_WORK_FIGURES = (
+    "time/",
+    "samples/s",
+    "update/pad_fraction",
+    "update/tokens",
+    "rollout/tokens",
+    "rollout/generated_tokens",
+)
+
+
+def same_metrics(a: dict[str, float], b: dict[str, float], tol: float = 1e-5) -> None:
+    keys = {k for k in a if not k.startswith(_WORK_FIGURES)}
+    assert keys == {k for k in b if not k.startswith(_WORK_FIGURES)}
+    for key in keys:
+        assert a[key] == pytest.approx(b[key], rel=tol, abs=tol), key
+
+
+def faulty(mode: str, fault_file: Path, at_step: int = 2) -> tuple[str, ...]:
+    """Overrides for tests/dist_scripts/faulty_env.py: rank 1 fails (``mode``) in its ``at_step``-th env step."""
+    return (
+        "env.id=tests.dist_scripts.faulty_env:RLFTest/FaultyToolUse-v0",
+        f"env.kwargs.fail_mode={mode}",
+        f"env.kwargs.fail_at_step={at_step}",
+        f"env.kwargs.fault_file={fault_file}",
+        "eval.every=0",
+    )

@@ -113,6 +113,9 @@ TOP_KEYS = (
         (["env.import_kwargs.reward=3"], "env.import_kwargs.reward must be a string or a list of strings, got 3"),
         (["optim=3"], "optim must be a mapping, got int: 3"),
         (["env.kwargs=[1]"], "env.kwargs must be a mapping, got list: [1]"),
+        (["logging.report_to=wandb"], "logging.report_to must be a list, got 'wandb'"),
+        # a replaced key says what to write instead
+        (["logging.tensorboard=false"], "logging.tensorboard was replaced by logging.report_to: [tensorboard] (or [] for none)"),
         # malformed override
         (["optim.lr"], "override 'optim.lr' is not of the form dotted.key=value"),
         (["optim..lr=1"], "override 'optim..lr=1' is not of the form dotted.key=value"),

@@ -10,132 +10,29 @@ how many processes share it, exact resume, and that a failed or killed rank ends
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers import REPO, TINY_CONFIG, tiny_model_path
+from tests.helpers import (
+    REPO,
+    SCRIPTS,
+    SMALL,
+    accelerate_launch,
+    faulty,
+    launch,
+    launch_with_fault,
+    max_diff,
+    ranks,
+    record,
+    same_metrics,
+    tiny_model_path,
+    torchrun,
+    train_py,
+)
 
 pytestmark = [pytest.mark.slow]
-
-SCRIPTS = REPO / "tests" / "dist_scripts"
-LAUNCH_TIMEOUT_S = 420  # a generous hang guard: a 2-process tiny run takes ~1 min on a busy 2-core machine
-SMALL = (
-    "rollout.max_new_tokens=8",
-    "eval.num_prompts=2",
-    "eval.samples_to_log=2",
-    "distributed.timeout_s=30",
-    "logging.progress_bar=false",
-)
-
-
-def _env() -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "MASTER_"))
-    }
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
-def launch(args: list[str], log: Path, timeout_s: float = LAUNCH_TIMEOUT_S) -> tuple[int, str]:
-    """Run a launcher command; returns its exit status and its output (stdout and stderr together)."""
-    with log.open("w") as out:
-        proc = subprocess.run(
-            args, stdout=out, stderr=subprocess.STDOUT, env=_env(), cwd=REPO, timeout=timeout_s
-        )
-    return proc.returncode, log.read_text(errors="replace")
-
-
-def launch_with_fault(args: list[str], log: Path, fault: Path, after_fault_s: float) -> tuple[int, str]:
-    """Like :func:`launch`, but every rank must be gone within ``after_fault_s`` of the fault.
-
-    The fault file holds the fault's time; a launch still running ``after_fault_s`` later is a
-    hang: its process group is killed and the test fails (a hang guard, not a speed check).
-    """
-    started = time.time()
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            args, stdout=out, stderr=subprocess.STDOUT, env=_env(), cwd=REPO, start_new_session=True
-        )
-        try:
-            while proc.poll() is None and not fault.exists():
-                if time.time() - started > LAUNCH_TIMEOUT_S:
-                    raise subprocess.TimeoutExpired(args, LAUNCH_TIMEOUT_S)
-                time.sleep(0.2)
-            if proc.poll() is None:
-                time.sleep(0.2)  # the fault file is written just before the fault
-                deadline = float(fault.read_text()) + after_fault_s
-                proc.wait(timeout=max(deadline - time.time(), 0.0))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-            pytest.fail(
-                f"the launch still ran {after_fault_s:.0f} s after the fault:\n{log.read_text()[-4000:]}"
-            )
-    if fault.exists():
-        print(f"fault on rank 1 -> every rank gone: {time.time() - float(fault.read_text()):.1f} s")
-    return proc.returncode, log.read_text(errors="replace")
-
-
-def torchrun(nproc: int, *args: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
-
-
-def accelerate_launch(*args: str) -> list[str]:
-    return [sys.executable, "-m", "accelerate.commands.launch", *args]
-
-
-def train_py(model: Path, log_dir: Path, *overrides: str) -> list[str]:
-    return [
-        str(REPO / "examples" / "train.py"),
-        "--config",
-        str(TINY_CONFIG),
-        f"model.path={model}",
-        "model.prepare=null",
-        f"logging.dir={log_dir}",
-        f"env.kwargs.mcp_servers.mcpServers.latency.command={sys.executable}",
-        *SMALL,
-        *overrides,
-    ]
-
-
-def record(out: Path, model: Path, run_dir: Path, *overrides: str) -> list[str]:
-    return [str(SCRIPTS / "train_and_record.py"), str(out), str(model), str(run_dir), *SMALL, *overrides]
-
-
-def ranks(out: Path, world: int) -> list[dict[str, Any]]:
-    return [json.loads((out / f"rank_{r}.json").read_text()) for r in range(world)]
-
-
-def max_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
-    assert a.keys() == b.keys()
-    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
-
-
-# How the work was cut (padding, tokens per process) and how long it took depend on the process count.
-_WORK_FIGURES = (
-    "time/",
-    "samples/s",
-    "update/pad_fraction",
-    "update/tokens",
-    "rollout/tokens",
-    "rollout/generated_tokens",
-)
-
-
-def same_metrics(a: dict[str, float], b: dict[str, float], tol: float = 1e-5) -> None:
-    keys = {k for k in a if not k.startswith(_WORK_FIGURES)}
-    assert keys == {k for k in b if not k.startswith(_WORK_FIGURES)}
-    for key in keys:
-        assert a[key] == pytest.approx(b[key], rel=tol, abs=tol), key
 
 
 # ------------------------------------------------------------------------------------------ launches that stop
@@ -305,7 +202,7 @@ def test_update_on_fixed_rollouts_is_the_same_on_one_and_two_processes(tmp_path:
         "checkpoint.every=0",
         "checkpoint.save_final=false",
         "checkpoint.save_model=false",
-        "logging.tensorboard=false",
+        "logging.report_to=[]",
         # Adam turns float-rounding residues of ~zero gradients into steps of up to ~lr/100; at 1e-4
         # they stay 10x under the tolerance while every other weight moves by ~lr a step.
         "optim.lr=1e-4",
@@ -368,16 +265,6 @@ def test_accelerate_launch_async_dynamic_sampling_lora_on_two_processes(tmp_path
 
 
 # ------------------------------------------------------------------------------------------ faults
-def faulty(mode: str, fault_file: Path, at_step: int = 2) -> tuple[str, ...]:
-    return (
-        "env.id=tests.dist_scripts.faulty_env:RLFTest/FaultyToolUse-v0",
-        f"env.kwargs.fail_mode={mode}",
-        f"env.kwargs.fail_at_step={at_step}",
-        f"env.kwargs.fault_file={fault_file}",
-        "eval.every=0",
-    )
-
-
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("mode", ["raise", "kill"])
 def test_a_failed_rank_ends_every_rank_naming_it(mode: str, tmp_path: Path) -> None:

@@ -218,7 +218,7 @@ SHORT_RUN = (
     "checkpoint.every=0",
     "checkpoint.save_final=false",
     "checkpoint.save_model=false",
-    "logging.tensorboard=false",
+    "logging.report_to=[]",
     "logging.samples_jsonl=false",
 )
 

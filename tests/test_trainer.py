@@ -1,12 +1,14 @@
 """Trainer end to end on the tiny Qwen3 and RLF/ToolUse-v0 with a real MCP server (stdio).
 
 One 2-step run (module fixture) is checked for its TensorBoard tags, checkpoints, learning-curve
-PNG, samples and metrics; then a fresh trainer resumed from its step-1 checkpoint must reproduce
-step 2 exactly (prompts, samples, loss, parameters).
+PNG, samples and metrics (and, where wandb is installed, its offline wandb run: ``logging.report_to``
+with two trackers); then a fresh trainer resumed from its step-1 checkpoint must reproduce step 2
+exactly (prompts, samples, loss, parameters).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -17,6 +19,8 @@ from typing import Any
 import pytest
 import torch
 
+from rlf_trainer.config import ConfigError
+from rlf_trainer.observe.trackers import builtin_trackers, installed_trackers
 from rlf_trainer.prompts import PromptSampler
 from rlf_trainer.run.checkpoint import list_checkpoints, read_state
 from rlf_trainer.trainer import Trainer, eval_due
@@ -50,13 +54,24 @@ EXPECTED_TAGS = {
 }
 
 
+HAS_WANDB = importlib.util.find_spec("wandb") is not None
+
+
 @pytest.fixture(scope="module")
 def straight_run(tiny_model_dir, tmp_path_factory):
-    """Two steps in one go, a checkpoint after each, eval at step 2."""
+    """Two steps in one go, a checkpoint after each, eval at step 2; logged to TensorBoard and, where
+    wandb is installed, to an offline wandb run as well."""
     run_root = tmp_path_factory.mktemp("runs")
-    config = tiny_config(tiny_model_dir, run_root, "logging.run_name=straight", "checkpoint.keep_last=0")
-    trainer = Trainer(config)
-    history = trainer.train()
+    report_to = "[tensorboard, wandb]" if HAS_WANDB else "[tensorboard]"
+    config = tiny_config(
+        tiny_model_dir, run_root, "logging.run_name=straight", "checkpoint.keep_last=0",
+        f"logging.report_to={report_to}",
+    )  # fmt: skip
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("WANDB_MODE", "offline")  # wandb writes its run files and reaches no server
+        env.setenv("WANDB_SILENT", "true")
+        trainer = Trainer(config)
+        history = trainer.train()
     return trainer, history, model_params(trainer)
 
 
@@ -106,6 +121,63 @@ def test_two_steps_write_tensorboard_checkpoints_curve_and_samples(straight_run)
     train_samples = (run_dir / "train_samples.jsonl").read_text().splitlines()
     assert len(train_samples) == 4  # 2 a step
     assert (run_dir / "config.yaml").is_file()
+
+
+def wandb_history(run_file: Path, key: str) -> list[float]:
+    """The values of ``key`` in the history records of an offline wandb run file, in logged order.
+
+    wandb 0.31 ships no Python reader for its ``.wandb`` files (its core is a Go binary); the format
+    is LevelDB's log: a 7-byte file header, then 32 KiB blocks of chunks, each a 7-byte header
+    (checksum, little-endian length, type: 1 full, 2 first, 3 middle, 4 last) and a piece of one
+    serialized ``Record`` protobuf, whose message classes wandb does ship.
+    """
+    from wandb.proto.wandb_internal_pb2 import Record
+
+    data, pos, block, pieces, values = run_file.read_bytes(), 7, 32768, b"", []
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        pieces += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # a record is complete
+            record = Record.FromString(pieces)
+            pieces = b""
+            if record.WhichOneof("record_type") == "history":
+                values += [
+                    json.loads(item.value_json)
+                    for item in record.history.item
+                    if (item.key or "/".join(item.nested_key)) == key
+                ]
+    return values
+
+
+@pytest.mark.skipif(not HAS_WANDB, reason="wandb is not installed (pip install wandb; the dev extra has it)")
+def test_report_to_tensorboard_and_wandb_writes_both(straight_run):
+    trainer, history, _ = straight_run
+    assert list((trainer.run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    [run_file] = (trainer.run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    logged = [r["reward/mean"] for r in history.records]
+    assert wandb_history(run_file, "reward/mean") == pytest.approx(logged)
+    assert wandb_history(run_file, "eval/reward") == pytest.approx([history.records[-1]["eval/reward"]])
+
+
+def test_a_tracker_that_is_unknown_or_not_installed_stops_the_run_before_the_model_loads(tmp_path):
+    # the model folder does not exist: a run that got as far as loading it would fail on that instead
+    missing_model = tmp_path / "no-such-model"
+    with pytest.raises(
+        ConfigError, match=r"'wandbb', which is not one of Accelerate's trackers \(did you mean 'wandb'\?\)"
+    ):
+        Trainer(tiny_config(missing_model, tmp_path, "logging.report_to=[tensorboard, wandbb]"))
+    absent = sorted(set(builtin_trackers()) - {"all", *installed_trackers()})
+    if not absent:
+        pytest.skip("every tracker Accelerate knows is installed here")
+    with pytest.raises(
+        ConfigError, match=rf"names {absent[0]}, but it is not installed here: pip install {absent[0]}"
+    ):
+        Trainer(tiny_config(missing_model, tmp_path, f"logging.report_to=[{absent[0]}]"))
+    assert not (tmp_path / "tiny_test").exists()  # nothing written either
 
 
 def test_resume_from_step_one_reproduces_step_two_exactly(straight_run, tiny_model_dir, tmp_path):

@@ -5,7 +5,9 @@ Run by tests/test_distributed.py under ``torchrun``::
     python tests/dist_scripts/train_and_record.py OUT_DIR MODEL_DIR RUN_DIR [dotted.key=value ...]
 
 Writes ``OUT_DIR/rank_<r>.json``: the world size, every ``envs.reset`` of the training rollouts
-(step, split, task indices) with the per-request seeds of its first turn, and the logged metrics;
+(step, split, task indices) with the per-request seeds of its first batched turn (``seeds``: the
+lockstep rollout and the HF policy) and of every request (``request_seeds``: also the async rollout
+on an engine with ``agenerate``, which asks one episode's turn at a time), and the logged metrics;
 and ``OUT_DIR/params_rank_<r>.pt``: the trained parameters (gathered, so sharded models compare).
 The recording wraps the real env and policy methods; nothing is replaced.
 """
@@ -39,14 +41,25 @@ def main(out_dir: str, model_dir: str, run_dir: str, *overrides: str) -> None:
                 "split": options.get("split"),
                 "tasks": list(options["task_indices"]),
                 "seeds": None,
+                "request_seeds": [],
             }
         )
         return reset(*args, **kwargs)
 
     def recording_generate(prompts: Any, params: Any) -> Any:
+        seeds = params.request_seeds(len(prompts))
         if plays and plays[-1]["seeds"] is None:
-            plays[-1]["seeds"] = params.request_seeds(len(prompts))
+            plays[-1]["seeds"] = seeds
+        if plays:
+            plays[-1]["request_seeds"] += seeds
         return generate(prompts, params)
+
+    agenerate = getattr(trainer.policy, "agenerate", None)
+
+    async def recording_agenerate(prompt: Any, params: Any) -> Any:
+        # an overlapped rollout runs on another thread, but never beside another reset of this rank
+        plays[-1]["request_seeds"].append(params.seed)
+        return await agenerate(prompt, params)
 
     local_steps: list[list[dict[str, Any]]] = []  # this rank's own episodes of each step (not averaged)
     train_step = trainer.train_step
@@ -68,6 +81,8 @@ def main(out_dir: str, model_dir: str, run_dir: str, *overrides: str) -> None:
 
     trainer.envs.reset = recording_reset
     trainer.policy.generate = recording_generate
+    if agenerate is not None:
+        trainer.policy.agenerate = recording_agenerate
     trainer.train_step = recording_train_step
     trainer.train()
     out = Path(out_dir)

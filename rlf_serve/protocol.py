@@ -117,13 +117,7 @@ def parse_chat_request(
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is None:
         max_tokens = default_max_tokens
-    if (
-        isinstance(max_tokens, bool)
-        or not isinstance(max_tokens, int)
-        or not 1 <= max_tokens <= max_tokens_limit
-    ):
-        raise RequestError(f"'max_tokens' must be an integer in [1, {max_tokens_limit}], got {max_tokens!r}",
-                           param="max_tokens")  # fmt: skip
+    check_max_tokens(max_tokens, max_tokens_limit)
     stop = body.get("stop")
     stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
     if not all(isinstance(s, str) and s for s in stops) or len(stops) > 16:
@@ -254,13 +248,7 @@ def parse_completion_request(
                 f"'{key}' must be {neutral} (the raw distribution), got {body[key]!r}", param=key
             )
     max_tokens = body.get("max_tokens", default_max_tokens)
-    if (
-        isinstance(max_tokens, bool)
-        or not isinstance(max_tokens, int)
-        or not 1 <= max_tokens <= max_tokens_limit
-    ):
-        raise RequestError(f"'max_tokens' must be an integer in [1, {max_tokens_limit}], got {max_tokens!r}",
-                           param="max_tokens")  # fmt: skip
+    check_max_tokens(max_tokens, max_tokens_limit)
     logprobs = body.get("logprobs")
     if logprobs not in (None, 0) or isinstance(logprobs, bool):
         raise RequestError(
@@ -286,3 +274,12 @@ def parse_completion_request(
         tokens_as_ids=bool(body.get("return_tokens_as_token_ids")),
         skip_special_tokens=body.get("skip_special_tokens", True) is not False,
     )
+
+
+def check_max_tokens(max_tokens: Any, limit: int) -> None:
+    """A request's ``max_tokens``: an integer in ``[1, limit]`` (a bool is not one), else a
+    :class:`RequestError` naming the parameter."""
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= limit:
+        raise RequestError(
+            f"'max_tokens' must be an integer in [1, {limit}], got {max_tokens!r}", param="max_tokens"
+        )

@@ -3,7 +3,7 @@
 For each precision asked (default ``no`` then ``bf16``), a fresh process runs ``--steps`` trainer
 steps of the config (GRPO or SFT, no eval, no checkpoint) and reports per phase:
 
-- **generation** (GRPO only): generated tokens/s, and GFLOP/s counted as
+- **generation** (GRPO only, the rollout's wall time, tool calls included): generated tokens/s, and GFLOP/s counted as
   ``2 x body params x every token of the batch's sequences + 2 x head params x generated tokens``
   (each token passes the body once with the prefix cache; the vocabulary projection runs only where
   a token is sampled);
@@ -73,12 +73,14 @@ def phase_figures(records: list[dict[str, float]], body: int, head: int, peak: f
         return sum(r.get(key, 0.0) for r in timed)
 
     out: dict[str, Any] = {"step_s": total("time/step") / len(timed)}
-    if total("time/generate"):
+    # the rollout's wall time: an async rollout's time/generate sums its overlapping episodes' seconds
+    rollout_s = total("time/rollout") or total("time/generate")
+    if rollout_s:
         flops = 2 * body * total("rollout/tokens") + 2 * head * total("rollout/generated_tokens")
-        gflops = flops / total("time/generate") / 1e9
+        gflops = flops / rollout_s / 1e9
         out["generation"] = {
-            "seconds": total("time/generate") / len(timed),
-            "tokens_per_s": total("rollout/generated_tokens") / total("time/generate"),
+            "seconds": rollout_s / len(timed),
+            "tokens_per_s": total("rollout/generated_tokens") / rollout_s,
             "gflops": round(gflops, 7),
             "of_peak": gflops / peak,
         }

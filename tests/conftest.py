@@ -16,6 +16,8 @@ Fixtures here:
 - ``openai_server_instance`` (module) and ``openai_server`` (reset for each test): a scripted
   OpenAI-compatible server (:class:`tests.helpers.OpenAITestServer`);
 - ``world`` (module): the generated DeepSearch world of seed 0;
+- ``project`` and ``tabs``: an RLF Studio project over the echo fixture server, and the studio's
+  page handlers (:mod:`tests.studio_fixtures.page`) over it, closed afterwards;
 - ``_fresh_accelerate_state`` (autouse): Accelerate keeps one setting per process (mixed precision
   among them) in a singleton; each test ends by forgetting it, so the next test's trainer starts as
   a new run does.
@@ -128,3 +130,29 @@ def _fresh_accelerate_state() -> Iterator[None]:
     state = sys.modules.get("accelerate.state")  # only where a test imported accelerate
     if state is not None:
         state.AcceleratorState._reset_state(reset_partial_state=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# RLF Studio
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Any:
+    """A studio project in ``tmp_path`` over the echo fixture server."""
+    from tests.studio_fixtures.projects import echo_project
+
+    return echo_project(tmp_path)
+
+
+@pytest.fixture
+def tabs(project: Any) -> Iterator[Any]:
+    """The page's tabs over the studio that holds ``project`` (its servers and runs stop afterwards)."""
+    from rlf_studio.ui.common import Studio
+    from tests.studio_fixtures.page import page_tabs
+
+    studio = Studio(project.root.parent)
+    try:
+        yield page_tabs(studio)
+    finally:
+        studio.close()

@@ -12,7 +12,6 @@ import html
 import json
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import gymnasium as gym
@@ -34,26 +33,8 @@ from rlf_studio.runs import curve_rows, metric_keys, rollouts_html
 from rlf_studio.tools import BUNDLED_SERVERS, add_bundled, check_mcp_json, connect
 from tests.helpers import REPO
 from tests.studio_fixtures.page import Tabs, page_tabs
-from tests.studio_fixtures.projects import echo_project
 
 FIXTURES = REPO / "tests" / "studio_fixtures"
-
-
-@pytest.fixture
-def project(tmp_path: Path) -> Project:
-    return echo_project(tmp_path)
-
-
-@pytest.fixture
-def tabs(project: Project) -> Iterator[Tabs]:
-    """The page's tabs over the studio that holds ``project`` (its servers and runs stop afterwards)."""
-    from rlf_studio.ui.common import Studio
-
-    studio = Studio(project.root.parent)
-    try:
-        yield page_tabs(studio)
-    finally:
-        studio.close()
 
 
 def _run(coro):

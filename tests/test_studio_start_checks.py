@@ -12,7 +12,6 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,26 +37,7 @@ from rlf_studio.training import (
     start_problems,
 )
 from rlf_trainer.observe.health import HINTS, HealthLog, HealthReport, Trip
-from tests.studio_fixtures.page import Tabs, page_tabs
-from tests.studio_fixtures.projects import echo_project
-
-
-@pytest.fixture
-def project(tmp_path: Path) -> Project:
-    return echo_project(tmp_path)
-
-
-@pytest.fixture
-def tabs(project: Project) -> Iterator[Tabs]:
-    """The page's tabs over the studio that holds ``project`` (its servers and runs stop afterwards)."""
-    from rlf_studio.ui.common import Studio
-
-    studio = Studio(project.root.parent)
-    try:
-        yield page_tabs(studio)
-    finally:
-        studio.close()
-
+from tests.studio_fixtures.page import Tabs
 
 # --- Start's refusals ----------------------------------------------------------------------------
 

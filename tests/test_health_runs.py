@@ -169,7 +169,7 @@ def test_an_engine_not_given_new_weights_trips_sampler_mismatch(tiny_model_dir, 
 
     class DeafPolicy(HFPolicy):  # a sampler whose weight sync is broken
         def update_weights(self, model: torch.nn.Module) -> None:
-            pass
+            """Drops the push: the sampler keeps the start weights."""
 
     config = run_without_tools(tiny_model_dir, tmp_path, "stale", "optim.lr=0.05", "max_steps=2")
     trainer = Trainer(config)

@@ -69,5 +69,15 @@ if [[ ! -f "$RUN/$GRPO_NAME/model/config.json" ]]; then
     logging.dir="$RUN" logging.run_name="$GRPO_NAME" "${GRPO_EXTRA[@]}" "$@" 2>&1 | tee -a "$RUN/$GRPO_NAME.log"
 fi
 
+# The fair baseline: the SFT model trained on the same demonstrations for as many more steps as GRPO
+# ran (does RL add what more imitation does not?). BASELINE=0 skips it.
+GRPO_STEPS=${GRPO_STEPS:-$(sed -n 's/^max_steps: *\([0-9]*\).*/\1/p' "$GRPO_CONFIG")}
+if [[ "${BASELINE:-1}" != 0 && ! -f "$RUN/sft_more/model/config.json" ]]; then
+  stamp "baseline: SFT for $GRPO_STEPS more steps from the SFT model"
+  python -m rlf_trainer.cli --config "$SFT_CONFIG" seed="$SEED" sft.data="$RUN/sft_data.jsonl" \
+    model.path="$RUN/sft/model" model.prepare=null max_steps="$GRPO_STEPS" eval.every="$GRPO_STEPS" \
+    checkpoint.every=4 logging.dir="$RUN" logging.run_name=sft_more "$@" 2>&1 | tee -a "$RUN/sft_more.log"
+fi
+
 stamp "summary of $GRPO_NAME -> $OUT/deepsearch_summary*.json, $OUT/deepsearch_curves*.png"
 python scripts/deepsearch_report.py "$OUT" --grpo-run "$GRPO_NAME"

@@ -49,9 +49,13 @@ def test_summary_weights_multihop_by_episodes_and_checks_targets_on_complete_see
     assert summary["sft"]["mean_std"]["em_hops1"] == pytest.approx({"mean": 0.9, "std": 0.1, "seeds": 3})
     targets = summary["targets"]
     assert targets["seeds"] == ["0", "1"]  # seed 2 has no GRPO eval: left out of the targets
-    assert targets["grpo_multihop_em_minus_sft"] == pytest.approx((0.32 + 0.22) / 2 - (0.0 + 0.04) / 2)
-    assert targets["grpo_multihop_em_minus_sft_met"] is True
-    assert targets["grpo_hops1_em_minus_sft"] == pytest.approx(-0.05)
+    # EM over all 60 questions: SFT 0.150 and 0.167, GRPO 0.417 and 0.300
+    assert targets["grpo_em_minus_sft"] == pytest.approx([0.4167 - 0.15, 0.3 - 0.1667], abs=1e-3)
+    assert targets["grpo_worst_hop_minus_sft"] == pytest.approx([0.0, -0.1])  # seed 1 lost 1-hop EM
+    assert targets["grpo_em_hops3"] == [0.2, 0.1]
+    assert targets["grpo_em_minus_sft_more"] == [None, None]  # no baseline run
+    # two complete seeds: no target over "every seed" is met yet
+    assert not any(targets[k] for k in targets if k.endswith("_met"))
     assert json.loads((tmp_path / "seed0" / "summary.json").read_text())["grpo"]["em_hops3"] == 0.2
 
     text = report.table(summary)
@@ -63,6 +67,28 @@ def test_summary_weights_multihop_by_episodes_and_checks_targets_on_complete_see
     assert "| after SFT | 0.150 (1 seed: 0.150) |" in text and "| after GRPO | not run |" in text
     report.plot(tmp_path, summary, tmp_path / "curves.png")
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_targets_hold_per_seed_on_three_seeds_and_the_baseline_is_read(tmp_path: Path) -> None:
+    write_seed(tmp_path, 0, sft=(0.9, 0.0, 0.0), grpo=(0.9, 0.5, 0.2))
+    write_seed(tmp_path, 1, sft=(0.9, 0.0, 0.0), grpo=(0.88, 0.4, 0.3))
+    write_seed(tmp_path, 2, sft=(0.9, 0.0, 0.0), grpo=(0.9, 0.3, 0.0))
+    baseline = tmp_path / "seed1" / "sft_more"
+    baseline.mkdir()
+    (baseline / "metrics.jsonl").write_text(json.dumps({"step": 16, **eval_row((0.9, 0.1, 0.0))}) + "\n")
+    summary = report.summarise(tmp_path)
+    targets = summary["targets"]
+    assert targets["grpo_em_minus_sft_met"] and targets["grpo_worst_hop_minus_sft_met"]
+    assert targets["grpo_em_hops3_met"]  # 0.2 and 0.3: two seeds of three
+    assert targets["grpo_em_minus_sft_more"] == pytest.approx([None, (25.8 - 11) / 60, None])
+    assert "| SFT + as many more SFT steps (baseline) | 0.183 (1 seed: -, 0.183, -) |" in report.table(
+        summary
+    )
+    write_seed(tmp_path / "lost", 0, sft=(0.9, 0.0, 0.0), grpo=(0.8, 0.9, 0.9))
+    for seed in (1, 2):
+        write_seed(tmp_path / "lost", seed, sft=(0.9, 0.0, 0.0), grpo=(0.9, 0.9, 0.9))
+    lost = report.summarise(tmp_path / "lost")["targets"]
+    assert lost["grpo_em_minus_sft_met"] and not lost["grpo_worst_hop_minus_sft_met"]  # seed 0: 1-hop -0.1
 
 
 def test_grpo_run_reads_a_variant_folder_and_copies_its_metrics_under_its_name(tmp_path: Path) -> None:

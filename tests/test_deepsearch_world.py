@@ -370,9 +370,22 @@ def test_task_reward_em_f1_and_format_bonus() -> None:
         "em": 1.0,
         "f1": 1.0,
         "format": 1.0,
+        "evidence": 0.0,  # no search in these episodes
     }
-    assert score("<answer>Nowhere</answer>") == {"reward": 0.1, "em": 0.0, "f1": 0.0, "format": 1.0}
-    assert score(f"I think it is {gold}") == {"reward": 0.0, "em": 0.0, "f1": 0.0, "format": 0.0}
+    assert score("<answer>Nowhere</answer>") == {
+        "reward": 0.1,
+        "em": 0.0,
+        "f1": 0.0,
+        "format": 1.0,
+        "evidence": 0.0,
+    }
+    assert score(f"I think it is {gold}") == {
+        "reward": 0.0,
+        "em": 0.0,
+        "f1": 0.0,
+        "format": 0.0,
+        "evidence": 0.0,
+    }
     assert score("<answer>Nowhere</answer>", on=DeepSearchTask(world_seed=0))["reward"] == 0.0
 
 

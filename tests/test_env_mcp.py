@@ -8,6 +8,7 @@ import sys
 import threading
 
 import gymnasium as gym
+import pytest
 from gymnasium.utils.env_checker import check_env
 
 import rlf_envs  # noqa: F401
@@ -113,27 +114,39 @@ def oracle_turns(world, question_id, answer=None):
 
 
 def test_deepsearch_vector_scripted_agents_right_and_wrong(world):
-    test_questions = world.split("test")[:32]
+    """Right answers score 1; a wrong one after only the first search scores the evidence bonus for
+    the one supporting document of ``hops`` that it saw."""
+    by_hops = [[q for q in world.split("test") if q.hops == hops][:10] for hops in (1, 2, 3)]
+    test_questions = [q for questions in by_hops for q in questions]
     n = len(test_questions)
     envs = gym.make_vec(
-        "RLF/DeepSearch-v0", num_envs=2 * n, split="test", max_turns=5, autoreset_mode="Disabled"
+        "RLF/DeepSearch-v0",
+        num_envs=2 * n,
+        split="test",
+        max_turns=5,
+        evidence_reward=0.3,
+        autoreset_mode="Disabled",
     )
-    indices = [i for i in range(n)] * 2
-    envs.reset(seed=0, options={"task_indices": indices})
+    position = {q.id: i for i, q in enumerate(world.split("test"))}
+    envs.reset(seed=0, options={"task_indices": [position[q.id] for q in test_questions] * 2})
     scripts = [oracle_turns(world, q.id) for q in test_questions]
-    scripts += [oracle_turns(world, q.id, answer="Nobody Knows") for q in test_questions]
+    scripts += [[oracle_turns(world, q.id)[0], "<answer>Nobody Knows</answer>"] for q in test_questions]
     final = [None] * (2 * n)
     for turn in range(5):
         actions = [s[turn] if turn < len(s) else "" for s in scripts]
         obs, rewards, terminated, truncated, infos = envs.step(actions)
         for i in range(2 * n):
             if final[i] is None and (terminated[i] or truncated[i]):
-                final[i] = (rewards[i], infos["reward_info"]["em"][i], terminated[i])
+                info = infos["reward_info"]
+                final[i] = (rewards[i], info["em"][i], info["evidence"][i], terminated[i])
             elif final[i] is None:
                 assert "Doc 1 (Title:" in obs[i]
-    assert [f[0] for f in final[:n]] == [1.0] * n
-    assert [f[0] for f in final[n:]] == [0.0] * n
-    assert all(f[2] for f in final)
+    assert [f[:3] for f in final[:n]] == [(1.0, 1.0, 1.0)] * n
+    one_of = [1 / q.hops for q in test_questions]
+    assert [f[1:3] for f in final[n:]] == [(0.0, share) for share in one_of]
+    assert [f[0] for f in final[n:]] == pytest.approx([0.3 * share for share in one_of])
+    assert [len(questions) for questions in by_hops] == [10, 10, 10]
+    assert all(f[3] for f in final)
     envs.close()
 
 

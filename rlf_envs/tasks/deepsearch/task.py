@@ -55,6 +55,11 @@ class DeepSearchTask(Task):
             any further :class:`~rlf_envs.rewards.judge.JudgeReward` keyword arguments.
         format_reward: added when the answer is wrong (EM 0) but the final response has a
             well-formed ``<answer>`` block; 0.0 keeps a wrong answer at exactly 0.
+        evidence_reward: added when the answer is wrong, times the share of the question's supporting
+            documents that the episode's searches returned (``evidence``, reported for every episode of
+            the generated world): a wrong answer after the right searches scores above one after too
+            few, so a group whose samples all fail still ranks them (e.g. a third search on a 3-hop
+            question). 0.0 keeps a wrong answer at the format bonus.
         max_turns: assistant turns before the episode is truncated.
         top_k: documents a search returns when the model does not pass ``top_k``.
         train_hops: keep only train questions with these hop counts (e.g. ``[2, 3]`` for an RL stage
@@ -75,6 +80,7 @@ class DeepSearchTask(Task):
         index_dir: str | Path | None = None,
         reward: str = "exact_match",
         format_reward: float = 0.0,
+        evidence_reward: float = 0.0,
         max_turns: int = 4,
         top_k: int = 3,
         cache_dir: str | Path | None = None,
@@ -103,6 +109,7 @@ class DeepSearchTask(Task):
             reward = "exact_match"  # still reported (em, f1) next to the judge's verdict
         self._reward_fn = get_rule_reward(reward)
         self.format_reward = float(format_reward)
+        self.evidence_reward = float(evidence_reward)
         self.max_turns = max_turns
         self.top_k = top_k
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
@@ -181,4 +188,33 @@ class DeepSearchTask(Task):
         wrong = scores["reward"] == 0.0 if self._judge is not None else scores["em"] == 0.0
         if well_formed and wrong:
             scores["reward"] = scores["reward"] + self.format_reward
+        evidence = self.evidence(episode)
+        if evidence is not None:
+            scores["evidence"] = evidence
+            if wrong:
+                scores["reward"] = scores["reward"] + self.evidence_reward * evidence
         return scores
+
+    def evidence(self, episode: Episode) -> float | None:
+        """The share of the question's supporting documents that the episode's tool results showed;
+        None for questions without them (a ``qa_path`` dataset).
+
+        Example:
+            >>> import asyncio
+            >>> from rlf_envs.types import Episode
+            >>> task = DeepSearchTask(evidence_reward=0.3)
+            >>> question = next(q for q in task.split_instances["train"] if q.metadata["hops"] == 2)
+            >>> first = task.world.document(question.metadata["supporting_doc_ids"][0])
+            >>> found = [{"role": "tool", "content": f"Doc 1 (Title: {first.title}): {first.text}"}]
+            >>> episode = Episode(question, found, "<answer>no idea</answer>", "no idea", [], 2, True, False)
+            >>> task.evidence(episode)
+            0.5
+            >>> asyncio.run(task.reward(episode))["reward"]   # wrong: 0.3 x half the evidence
+            0.15
+        """
+        doc_ids = episode.instance.metadata.get("supporting_doc_ids")
+        if not doc_ids or self.qa_path is not None:
+            return None
+        shown = "\n".join(str(m.get("content", "")) for m in episode.messages if m.get("role") == "tool")
+        titles = [self.world.document(doc_id).title for doc_id in doc_ids]
+        return sum(f"(Title: {title})" in shown for title in titles) / len(titles)

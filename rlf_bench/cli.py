@@ -7,6 +7,7 @@ Example:
     rlf-bench simulator-checks        # precision/recall of the simulator checks on the labelled set
     rlf-bench train --json
     rlf-bench rollout --json          # lockstep vs async rollout (vLLM: .venv-vllm on a CPU machine)
+    rlf-bench profile --config examples/configs/deepsearch_smollm2_grpo_cpu.yaml   # where generation's time goes
 """
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ from __future__ import annotations
 import importlib
 import sys
 
-USAGE = "usage: rlf-bench {env,simulator-checks,train,rollout} [options]   (rlf-bench COMMAND --help)"
-TRAINER_COMMANDS = {"train": "rlf_bench.train_bench", "rollout": "rlf_bench.rollout_bench"}
+USAGE = "usage: rlf-bench {env,simulator-checks,train,rollout,profile} [options]   (rlf-bench COMMAND --help)"
+TRAINER_COMMANDS = {
+    "train": "rlf_bench.train_bench",
+    "rollout": "rlf_bench.rollout_bench",
+    "profile": "rlf_bench.rollout_profile",
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from rlf_bench.cli import main
 
 KEYS = {
@@ -30,3 +32,28 @@ def test_unknown_command_and_help(capfd):
     assert "unknown command 'nope'" in capfd.readouterr().err
     assert main(["--help"]) == 0
     assert main([]) == 2
+
+
+def test_profile_splits_the_generation_wall_time_into_its_categories(capfd, tiny_model_dir):
+    """``rlf-bench profile`` on the tiny config: the categories add up to the generation's wall time."""
+    import sys
+
+    from rlf_bench.rollout_profile import CATEGORIES
+    from tests.helpers import TINY_CONFIG
+
+    overrides = [f"model.path={tiny_model_dir}", "model.prepare=null",
+                 f"env.kwargs.mcp_servers.mcpServers.latency.command={sys.executable}"]  # fmt: skip
+    argv = ["profile", "--config", str(TINY_CONFIG), "--steps", "2", "--precision", "no"]
+    assert main([*argv, "--json", *overrides]) == 0
+    out = capfd.readouterr().out.strip().splitlines()
+    report = json.loads(out[-1])
+    seconds = report["seconds_per_step"]
+    assert list(seconds) == list(CATEGORIES)
+    assert sum(seconds.values()) == pytest.approx(report["generation_s_per_step"], rel=1e-6)
+    assert seconds["body matmuls"] > 0 and seconds["vocabulary projection"] > 0
+    assert report["forwards_per_step"] >= 1 and report["generated_tokens_per_forward"] > 0
+    assert report["profiled_steps"] == 1 and report["precision"] == "no"
+    assert any(line.startswith("vocabulary projection") for line in out)
+    with pytest.raises(SystemExit):  # the first step is a warm-up: one step profiles nothing
+        main(["profile", "--config", str(TINY_CONFIG), "--steps", "1"])
+    assert "--steps must be >= 2" in capfd.readouterr().err

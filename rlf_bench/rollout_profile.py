@@ -1,0 +1,173 @@
+"""``rlf-bench profile --config X.yaml``: where a rollout's generation time goes, by kind of work.
+
+Runs trainer steps of the config (the first a warm-up, not profiled) with every call of the
+policy's ``generate`` inside a ``torch.profiler`` range, then splits the generation's wall time:
+
+- **body matmuls**: ``mm`` / ``addmm`` / ``bmm`` / ``linear`` of the transformer layers;
+- **vocabulary projection**: the same ops where a shape has the vocabulary's size (the LM head);
+- **attention**: scaled-dot-product attention kernels;
+- **logits and sampling**: other ops on vocabulary-sized tensors (softmax, warpers, multinomial);
+- **other torch ops**: norms, activations, rotary embeddings, copies, KV-cache updates;
+- **outside torch ops**: the rest of the wall time, i.e. Python in ``generate`` and the model's
+  modules, the policy's batching and prefix cache, and the profiler's own cost per op.
+
+It also counts the model's forward calls during generation (one ``embedding`` each), so the wall
+time per forward and the tokens per forward show whether decoding is bound by compute or by the
+fixed cost of a step. Figures are the profiler's CPU times on this machine, now; the profiler adds
+a few microseconds per op, which lands in "outside torch ops".
+
+Example:
+    rlf-bench profile --config examples/configs/deepsearch_smollm2_grpo_cpu.yaml --steps 2
+    rlf-bench profile --config examples/configs/smollm2_learn_cpu.yaml --precision no --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+CATEGORIES = (
+    "body matmuls",
+    "vocabulary projection",
+    "attention",
+    "logits and sampling",
+    "other torch ops",
+    "outside torch ops",
+)
+MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear"})
+RANGE = "rlf/generate"
+
+
+def categorise(name: str, shapes: Iterable[Iterable[int]], vocab_size: int) -> str:
+    """The category of one torch op from its name and input shapes (see the module doc).
+
+    Example:
+        >>> categorise("aten::addmm", [[1536], [8, 576], [576, 1536]], vocab_size=49152)
+        'body matmuls'
+        >>> categorise("aten::mm", [[8, 576], [576, 49152]], vocab_size=49152)
+        'vocabulary projection'
+        >>> categorise("aten::softmax", [[8, 49152]], vocab_size=49152), categorise("aten::mul", [[8, 576]], 49152)
+        ('logits and sampling', 'other torch ops')
+    """
+    vocab_sized = any(vocab_size in shape for shape in shapes if shape)
+    if name in MATMUL_OPS:
+        return "vocabulary projection" if vocab_sized else "body matmuls"
+    if "scaled_dot_product" in name or "attention" in name:
+        return "attention"
+    return "logits and sampling" if vocab_sized else "other torch ops"
+
+
+def split_generation_time(events: list[Any], vocab_size: int) -> dict[str, Any]:
+    """Seconds per category inside the ``rlf/generate`` ranges of a profile's events, and forwards.
+
+    Ops count by their self time (children apart), on the thread of the range they started in.
+    """
+    windows = [(e.thread, e.time_range.start, e.time_range.end) for e in events if e.name == RANGE]
+    wall_us = sum(end - start for _, start, end in windows)
+    seconds = dict.fromkeys(CATEGORIES, 0.0)
+    forwards = 0
+    for event in events:
+        if "::" not in event.name or not any(
+            t == event.thread and start <= event.time_range.start < end for t, start, end in windows
+        ):
+            continue
+        category = categorise(event.name, event.input_shapes or [], vocab_size)
+        seconds[category] += event.self_cpu_time_total / 1e6
+        forwards += event.name == "aten::embedding"
+    seconds["outside torch ops"] = max(0.0, wall_us / 1e6 - sum(seconds.values()))
+    return {"wall_s": wall_us / 1e6, "seconds": seconds, "forwards": forwards}
+
+
+def profile_config(config: str, precision: str, steps: int, overrides: list[str]) -> dict[str, Any]:
+    """``steps`` trainer steps of ``config`` (the first unprofiled); the generation's split per step."""
+    import torch
+
+    from rlf_trainer.config import load_config
+    from rlf_trainer.trainer import Trainer
+
+    workdir = tempfile.mkdtemp(prefix="rlf-profile-")
+    fixed = [f"mixed_precision={precision}", f"max_steps={steps}", f"logging.dir={workdir}",
+             "logging.progress_bar=false", "eval.every=0", "checkpoint.every=0",
+             "checkpoint.save_final=false", "checkpoint.save_model=false", "checkpoint.resume=none"]  # fmt: skip
+    trainer = Trainer(load_config(config, [*overrides, *fixed]))
+    policy = trainer.policy
+    generate = policy.generate
+
+    def ranged_generate(*args: Any, **kwargs: Any) -> Any:
+        with torch.profiler.record_function(RANGE):
+            return generate(*args, **kwargs)
+
+    policy.generate = ranged_generate  # type: ignore[method-assign]
+    records = []
+    try:
+        trainer.train_step()  # warm-up: kernels chosen, caches filled
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True
+        ) as prof:
+            for _ in range(max(1, steps - 1)):
+                records.append(trainer.train_step())
+        vocab = trainer.accelerator.unwrap_model(trainer.model).config.vocab_size
+    finally:
+        policy.generate = generate  # type: ignore[method-assign]
+        trainer.close()
+    split = split_generation_time(list(prof.events()), vocab)
+    profiled = len(records)
+    generated = sum(r.get("rollout/generated_tokens", 0.0) for r in records)
+    return {
+        "config": config,
+        "precision": trainer.config.mixed_precision,
+        "threads": torch.get_num_threads(),
+        "profiled_steps": profiled,
+        "generation_s_per_step": split["wall_s"] / profiled,
+        "tools_s_per_step": sum(r.get("time/tools", 0.0) for r in records) / profiled,
+        "step_s": sum(r["time/step"] for r in records) / profiled,
+        "seconds_per_step": {k: v / profiled for k, v in split["seconds"].items()},
+        "forwards_per_step": split["forwards"] / profiled,
+        "ms_per_forward": 1e3 * split["wall_s"] / max(1, split["forwards"]),
+        "generated_tokens_per_forward": generated / max(1, split["forwards"]),
+    }
+
+
+def format_profile(report: dict[str, Any]) -> str:
+    """A table of the generation's time per category, per step, and its share."""
+    wall = report["generation_s_per_step"] or 1.0
+    lines = [
+        f"rlf-bench profile --config {report['config']}: precision {report['precision']}, "
+        f"{report['threads']} threads, {report['profiled_steps']} profiled steps",
+        f"step {report['step_s']:.1f} s, of which generation {report['generation_s_per_step']:.1f} s "
+        f"(tool calls {report['tools_s_per_step']:.2f} s, outside generate)",
+        f"{'generation time':<26}{'s/step':>8}{'share':>8}",
+    ]
+    for category, seconds in report["seconds_per_step"].items():
+        lines.append(f"{category:<26}{seconds:>8.2f}{seconds / wall:>8.0%}")
+    lines.append(
+        f"{report['forwards_per_step']:.0f} forwards a step, {report['ms_per_forward']:.1f} ms each, "
+        f"{report['generated_tokens_per_forward']:.1f} generated tokens per forward"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rlf-bench profile", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--precision", default="auto", choices=["no", "bf16", "auto"])
+    parser.add_argument("--steps", type=int, default=2, help="trainer steps, the first not profiled")
+    parser.add_argument("--json", action="store_true", help="end with one JSON line of all figures")
+    parser.add_argument("overrides", nargs="*", help="dotted.key=value, as for rlf-train")
+    args = parser.parse_args(argv)
+    if args.steps < 2:
+        parser.error("--steps must be >= 2 (the first is a warm-up)")
+    if not Path(args.config).is_file():
+        parser.error(f"no config file {args.config}")
+    report = profile_config(args.config, args.precision, args.steps, args.overrides)
+    print(format_profile(report) + (f"\n{json.dumps(report)}" if args.json else ""), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

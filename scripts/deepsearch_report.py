@@ -9,6 +9,8 @@ Reads ``OUT/seed*/`` as ``scripts/learning_runs.sh deepsearch SEED`` leaves it (
   figure with a value per seed (``em`` over every sampled test question, ``em_multihop`` over the
   2- and 3-hop ones, per-hop EM, searches per episode, tool error rate), plus their mean and sample
   std (ddof 1) and issue 33's per-seed targets checked;
+- with ``OUT/seed*/STAGE_t1_eval.json`` (scripts/deepsearch_sample_evals.sh: rlf-eval, 4 samples
+  at T=1), each stage's ``avg4``/``pass4`` overall and per hop count (``avg4_hops1``...);
 - ``OUT/deepsearch_curves.png``: per seed, GRPO train reward, searches per episode and answered
   share per step, and per-hop EM of the greedy evals (base, after SFT, after GRPO);
 - the markdown table of docs/learning.md on stdout.
@@ -60,6 +62,21 @@ def last_eval(run: Path, folder: str) -> dict[str, float]:
         return report.get("metrics", report)
     evals = [r for r in read_jsonl(run / folder / "metrics.jsonl") if "eval/accuracy" in r]
     return evals[-1] if evals else {}
+
+
+def sampled_figures(run: Path, folder: str) -> dict[str, float]:
+    """avg@4 and pass@4 at T=1, overall and per hop, from ``run/folder_t1_eval.json`` (none if absent)."""
+    path = run / f"{folder}_t1_eval.json"
+    if not path.exists():
+        return {}
+    m = json.loads(path.read_text())["metrics"]
+    figures = {"avg4": m.get("eval/avg@4"), "pass4": m.get("eval/pass@4")}
+    for h in HOPS:
+        figures |= {
+            f"avg4_hops{h}": m.get(f"eval/hops={h}/avg@4"),
+            f"pass4_hops{h}": m.get(f"eval/hops={h}/pass@4"),
+        }
+    return figures
 
 
 def stage_figures(m: dict[str, float]) -> dict[str, float | None]:
@@ -123,7 +140,10 @@ def summarise(out: Path, grpo_run: str = "grpo") -> dict[str, Any]:
     folders = {"base": "base", "sft": "sft", "grpo": grpo_run, BASELINE: BASELINE}
     per_seed = []
     for run in runs:
-        figures = {stage: stage_figures(last_eval(run, folder)) for stage, folder in folders.items()}
+        figures = {
+            stage: stage_figures(last_eval(run, folder)) | sampled_figures(run, folder)
+            for stage, folder in folders.items()
+        }
         (run / f"summary{suffix(grpo_run)}.json").write_text(json.dumps(figures, indent=1))
         per_seed.append(figures)
     keys = sorted({k for figures in per_seed for stage in figures.values() for k in stage})
@@ -134,12 +154,20 @@ def summarise(out: Path, grpo_run: str = "grpo") -> dict[str, Any]:
     return summary
 
 
-def table(summary: dict[str, Any]) -> str:
+GREEDY_COLUMNS = [("em", "EM (all)"), ("em_hops1", "EM 1-hop"), ("em_hops2", "EM 2-hop"),
+                  ("em_hops3", "EM 3-hop"), ("em_multihop", "EM 2-3 hop"),
+                  ("searches_per_episode", "searches / episode"), ("tool_error_rate", "tool errors / call")]  # fmt: skip
+SAMPLED_COLUMNS = [("avg4", "avg@4 (all)"), ("pass4", "pass@4 (all)")] + [
+    (f"{key}_hops{h}", f"{name} {h}-hop")
+    for h in HOPS
+    for key, name in (("avg4", "avg@4"), ("pass4", "pass@4"))
+]
+
+
+def table(summary: dict[str, Any], cols: list[tuple[str, str]] = GREEDY_COLUMNS) -> str:
+    """The markdown table of ``cols`` (default: greedy EM; :data:`SAMPLED_COLUMNS`: T=1 avg@4/pass@4)."""
     names = {"base": "base SmolLM2-135M-Instruct", "sft": "after SFT", "grpo": "after GRPO",
              BASELINE: "SFT + as many more SFT steps (baseline)"}  # fmt: skip
-    cols = [("em", "EM (all)"), ("em_hops1", "EM 1-hop"), ("em_hops2", "EM 2-hop"), ("em_hops3", "EM 3-hop"),
-            ("em_multihop", "EM 2-3 hop"), ("searches_per_episode", "searches / episode"),
-            ("tool_error_rate", "tool errors / call")]  # fmt: skip
     lines = ["| stage | " + " | ".join(c for _, c in cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for stage in (*STAGES, BASELINE):
         cells = []
@@ -234,6 +262,8 @@ def main() -> None:
     if args.copy_to:
         copy_runs(args.out, args.copy_to, summary)
     print(table(summary))
+    if any(summary[stage]["mean_std"].get("avg4") for stage in (*STAGES, BASELINE)):
+        print("\nT=1, 4 samples a question (rlf-eval):\n" + table(summary, SAMPLED_COLUMNS))
     print(json.dumps(summary["targets"], indent=1))
 
 

@@ -76,7 +76,14 @@ def test_targets_hold_per_seed_on_three_seeds_and_the_baseline_is_read(tmp_path:
     baseline = tmp_path / "seed1" / "sft_more"
     baseline.mkdir()
     (baseline / "metrics.jsonl").write_text(json.dumps({"step": 16, **eval_row((0.9, 0.1, 0.0))}) + "\n")
+    sampled = {"eval/avg@4": 0.4, "eval/pass@4": 0.5, "eval/hops=2/avg@4": 0.25, "eval/hops=2/pass@4": 0.75}
+    (tmp_path / "seed0" / "grpo_t1_eval.json").write_text(json.dumps({"metrics": sampled}))
     summary = report.summarise(tmp_path)
+    assert summary["grpo"]["pass4_hops2"] == [0.75, None, None]
+    assert summary["grpo"]["avg4_hops3"] == [None, None, None]  # not in that report
+    assert "| after GRPO | 0.400 (1 seed: 0.400, -, -) | 0.500 (1 seed" in report.table(
+        summary, report.SAMPLED_COLUMNS
+    )
     targets = summary["targets"]
     assert targets["grpo_em_minus_sft_met"] and targets["grpo_worst_hop_minus_sft_met"]
     assert targets["grpo_em_hops3_met"]  # 0.2 and 0.3: two seeds of three

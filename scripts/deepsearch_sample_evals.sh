@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# avg@4 and pass@4 at T=1 of one DeepSearch seed's models (docs/learning.md): rlf-eval on the same
+# seeded sample of 170 test questions as the greedy evals, 4 samples each, per hop count.
+#
+#   scripts/deepsearch_sample_evals.sh SEED [STAGE ...]     # stages: run folders with a model/ (default: sft grpo)
+#   OUT=/tmp/ds scripts/deepsearch_sample_evals.sh 0 sft grpo sft_more
+#
+# Writes $OUT/seed$SEED/STAGE_t1_eval.json (+ .samples.jsonl); scripts/deepsearch_report.py reads them.
+# A stage whose report exists is skipped, so a stopped run picks up where it was.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SEED=${1:?usage: scripts/deepsearch_sample_evals.sh SEED [STAGE ...]}
+shift
+STAGES=("$@")
+[[ ${#STAGES[@]} -gt 0 ]] || STAGES=(sft grpo)
+OUT=${OUT:-runs/deepsearch}
+CONFIG=${GRPO_CONFIG:-examples/configs/deepsearch_smollm2_grpo_cpu.yaml}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+for stage in "${STAGES[@]}"; do
+  report="$OUT/seed$SEED/${stage}_t1_eval.json"
+  if [[ ! -s "$report" ]]; then
+    echo "== $(date -u +%H:%M:%S) seed $SEED: $stage, 170 questions x 4 samples at T=1"
+    python -m rlf_trainer.eval_cli --config "$CONFIG" --model-path "$OUT/seed$SEED/$stage/model" \
+      --samples 4 --temperature 1.0 --pass-k 1 4 --out "$report" --no-progress seed="$SEED"
+  fi
+done

@@ -11,7 +11,8 @@ from rlf_envs.rewards.rules import exact_match
 from rlf_envs.tasks.deepsearch.oracle import DeepSearchOracle, oracle_turns
 from rlf_envs.tasks.deepsearch.task import DeepSearchTask
 from rlf_trainer import build
-from rlf_trainer.algorithms.grpo import episode_advantages, guide
+from rlf_trainer.algorithms.grpo import episode_advantages
+from rlf_trainer.algorithms.guided import guide
 from rlf_trainer.algorithms.losses import policy_shaping_terms
 from rlf_trainer.algorithms.sft_data import demonstration_trajectory
 from rlf_trainer.config import ConfigError, load_config

@@ -7,7 +7,7 @@ parts, in the order the step calls them:
    x ``group_size`` episodes with the policy, lockstep or async (``rollout.mode``); with
    ``rollout.overlap`` the next step's batch is already being collected while this one trains
    (:class:`~rlf_trainer.rollout.collect.Prefetch`, staleness 1).
-   With ``algorithm.guidance`` (:func:`guide`), a demonstrator plays the task of each group whose
+   With ``algorithm.guidance`` (:func:`~rlf_trainer.algorithms.guided.guide`), a demonstrator plays the task of each group whose
    samples all failed and its episode replaces the group's worst sample (LUFFY's mixed groups).
 2. :func:`fill_batch`: the advantages of each rollout, computed once (:func:`episode_advantages`:
    per-turn env rewards, DAPO's overlong penalty, group baselines without ``sim_error`` episodes);
@@ -31,7 +31,6 @@ formulas are pure functions in :mod:`rlf_trainer.algorithms.losses`, each beside
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections import defaultdict
 
@@ -39,6 +38,7 @@ import numpy as np
 import torch
 
 from rlf_trainer.algorithms.advantages import overlong_penalty, spread_over_tokens, turn_advantages
+from rlf_trainer.algorithms.guided import guide, guided_advantage
 from rlf_trainer.algorithms.losses import (
     LossSpec,
     Normaliser,
@@ -57,8 +57,7 @@ from rlf_trainer.algorithms.optimize import (
 )
 from rlf_trainer.observe.metrics import rollout_metrics
 from rlf_trainer.rollout.batch import RolloutBatch
-from rlf_trainer.rollout.collect import Collected, Prefetch, RolloutState, collect
-from rlf_trainer.rollout.guidance import DemonstrationRequest, play_demonstrations, replace_episodes
+from rlf_trainer.rollout.collect import Prefetch, RolloutState, collect
 from rlf_trainer.rollout.trajectory import EpisodeStats
 from rlf_trainer.run.distributed import any_rank
 
@@ -127,90 +126,9 @@ def train_step(
     return batch, metrics
 
 
-# --------------------------------------------------------------------------------------------- 1b. guidance
-def guide(rollout: RolloutState, step: int, collected: Collected) -> tuple[RolloutBatch, dict[str, float]]:
-    """``algorithm.guidance``: the step's rollout with demonstrations in place of some samples, and
-    ``guidance/*`` metrics (none when guidance is off: the batch is returned as it is).
-
-    Guided groups (:func:`guided_groups`): ``when: all_fail``, those none of whose samples reached
-    ``success_reward``; ``always``, every group; each with ``probability``. The demonstrator plays
-    the group's task on the env slot of the group's worst sample, and the demonstration takes that
-    sample's place. Replacing rather than adding a G+1-th keeps every group ``group_size`` long and
-    every process's batch the same size, so the update's collectives stay in step. A demonstration
-    that fails itself is dropped (the group keeps its sample): it would add no signal. Refill
-    rounds (``algorithm.dynamic_sampling``) are the policy's own; guided groups have signal and stay.
-    """
-    settings, batch = rollout.config.algorithm.guidance, collected.batch
-    if not settings.enabled or rollout.demonstrator is None:
-        return batch, {}
-    started, size = time.perf_counter(), rollout.group_size
-    succeeded = [s.reward >= settings.success_reward for s in batch.stats]
-    requests = [
-        DemonstrationRequest(
-            slot=worst_sample(batch.stats, g, size), task_index=collected.prompts[g], group=g
-        )
-        for g in guided_groups(rollout, step, succeeded)
-    ]
-    played = play_demonstrations(
-        rollout.envs,
-        rollout.policy.tokenizer,
-        rollout.demonstrator,
-        requests,
-        max_total_tokens=rollout.config.rollout.max_total_tokens,
-    )
-    kept = {
-        r.slot: t for r, t in zip(requests, played, strict=True) if t.stats.reward >= settings.success_reward
-    }
-    info = {
-        "guidance/guided_share": len(kept) / max(1, len(batch) // size),
-        "guidance/own_success": float(np.mean(succeeded)) if succeeded else 0.0,
-        "time/guidance": time.perf_counter() - started,
-    }
-    if requests:  # how often the demonstrator itself succeeds (a hop-limited oracle fails on purpose)
-        info["guidance/demonstration_success"] = len(kept) / len(requests)
-    return replace_episodes(batch, kept, rollout.policy.tokenizer), info
-
-
-def guided_groups(rollout: RolloutState, step: int, succeeded: list[bool]) -> list[int]:
-    """The groups (local indices) a demonstration is played for; each draw is seeded by the run
-    seed, the step and the group's index over every process, so a resumed run draws the same."""
-    settings, size = rollout.config.algorithm.guidance, rollout.group_size
-    first_group = rollout.accelerator.process_index * rollout.local_prompts
-    picked = []
-    for g in range(len(succeeded) // size):
-        if settings.when == "all_fail" and any(succeeded[g * size : (g + 1) * size]):
-            continue
-        draw = np.random.default_rng(
-            [rollout.config.seed & (2**63 - 1), step, first_group + g, 0x6D1DE]
-        ).random()
-        if settings.probability >= 1.0 or draw < settings.probability:
-            picked.append(g)
-    return picked
-
-
-def worst_sample(stats: list[EpisodeStats], group: int, size: int) -> int:
-    """The row of group ``group``'s lowest return (the last of equals): the sample a demonstration replaces.
-
-    Example:
-        >>> rows = [EpisodeStats("t", 0, reward=r) for r in (0.0, 1.0, 0.0, 0.5)]
-        >>> worst_sample(rows, 0, 4)
-        2
-    """
-    rows = range(group * size, (group + 1) * size)
-    return min(reversed(rows), key=lambda row: stats[row].reward)
-
-
 def own_episodes(stats: list[EpisodeStats]) -> list[EpisodeStats]:
     """The episodes the policy sampled itself (demonstrations left out)."""
     return [s for s in stats if not s.demonstration]
-
-
-def guided_advantage(stats: list[EpisodeStats], per_turn: list[list[float]]) -> dict[str, float]:
-    """``guidance/advantage``: the mean advantage of the demonstrations in the batch (absent without any)."""
-    values = [
-        statistics.fmean(turns) for s, turns in zip(stats, per_turn, strict=True) if s.demonstration and turns
-    ]
-    return {"guidance/advantage": statistics.fmean(values)} if values else {}
 
 
 # --------------------------------------------------------------------------------------------- 2. advantages

@@ -14,6 +14,7 @@ import rlf_envs  # noqa: F401  (registers the env ids)
 from rlf_envs.tasks.deepsearch.oracle import DeepSearchOracle
 from rlf_envs.tasks.deepsearch.task import DeepSearchTask
 from rlf_trainer.algorithms.sft_data import SFTDataError, demonstration_trajectory, load_sft_examples
+from rlf_trainer.data import demonstrations_cli
 from rlf_trainer.data.demonstrations import (
     CollectError,
     NoDemonstrationsError,
@@ -91,6 +92,19 @@ def test_rlf_collect_command(tmp_path):
         capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert bad.returncode == 2 and "no train task of RLF/DeepSearch-v0 matches" in bad.stderr
+
+
+def test_rlf_collect_plays_the_split_it_is_given(tmp_path):
+    """--split test plays test questions (the vector env's areset_one honours options["split"])."""
+    out = tmp_path / "test_split.jsonl"
+    argv = [ENV_ID, "--agent", "deepsearch-oracle", "--split", "test", "--where", "hops=2", "--limit", "3"]
+    assert demonstrations_cli.main([*argv, "--out", str(out)]) == 0
+    test_questions = {i.id: i.question for i in DeepSearchTask(world_seed=0).instances("test")}
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 3 and {r["split"] for r in records} == {"test"}
+    for record in records:
+        asked = next(m["content"] for m in record["messages"] if m["role"] == "user")
+        assert test_questions[record["task_id"]] in asked
 
 
 class OracleTextPolicy:

@@ -213,11 +213,12 @@ class EnvRuntime:
         return split_hidden_arguments(self._all_tools, self.task.hidden_arguments)[0]
 
     def reset_one(
-        self, i: int, rng: np.random.Generator | None, index: int | None = None
+        self, i: int, rng: np.random.Generator | None, index: int | None = None, split: str | None = None
     ) -> tuple[str, dict[str, Any]]:
-        """Start a new episode in slot ``i`` on instance ``index`` of the split (None: drawn with ``rng``)."""
+        """Start a new episode in slot ``i`` on instance ``index`` of ``split`` (default: the runtime's
+        split; ``index`` None: drawn with ``rng``)."""
         self.start()
-        instance = pick_instance(self.task, self.split, index, rng)
+        instance = pick_instance(self.task, split or self.split, index, rng)
         obs, info = self.states[i].start(instance, self._all_tools)
         # a copy per reset: Gymnasium's checker (rightly) rejects infos that share objects across calls
         return obs, {**copy.deepcopy(self._reset_info), **info}

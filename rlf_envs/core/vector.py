@@ -126,8 +126,10 @@ class ToolVectorEnv(RuntimeView, VectorEnv):
             rng = self._rngs[i] = seeding.np_random()[0]
         return rng
 
-    def _reset_one(self, i: int, index: int | None = None) -> tuple[str, dict[str, Any]]:
-        obs, info = self.runtime.reset_one(i, self._rng(i), index)
+    def _reset_one(
+        self, i: int, index: int | None = None, split: str | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        obs, info = self.runtime.reset_one(i, self._rng(i), index, split)
         self._needs_reset[i] = False
         self._last[i] = (obs, 0.0, False, False, info)
         return obs, info
@@ -187,12 +189,13 @@ class ToolVectorEnv(RuntimeView, VectorEnv):
     async def areset_one(
         self, i: int, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
-        """Reset env ``i`` alone; ``seed`` reseeds env i's RNG only, ``options["task_index"]`` picks the instance."""
+        """Reset env ``i`` alone; ``seed`` reseeds env i's RNG only, ``options["task_index"]`` picks the
+        instance, of ``options["split"]`` when given (this episode only: the other envs keep theirs)."""
         self._check_index(i)
         if seed is not None:
             self._rngs[i] = seeding.np_random(seed)[0]
         options = options or {}
-        return self._reset_one(i, options.get("task_index"))
+        return self._reset_one(i, options.get("task_index"), options.get("split"))
 
     async def astep_one(self, i: int, action: str) -> StepResult:
         """Step env ``i`` as soon as its action is ready, from any event loop; no batch barrier."""

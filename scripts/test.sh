@@ -48,7 +48,7 @@ if [ -n "$vllm_install" ] && ! wait "$vllm_install"; then
 else
     "${ONE_THREAD[@]}" .venv-vllm/bin/python -m pytest -q -n "$WORKERS" --dist loadfile --junitxml="$reports/vllm.xml" -m vllm \
         tests/test_vllm_policy.py tests/test_trainer_vllm.py tests/test_serve.py tests/test_gpu_check.py \
-        tests/test_distributed_vllm.py tests/test_trainer_vllm_serve.py || vllm_rc=$?
+        tests/test_distributed_vllm.py tests/test_trainer_vllm_serve.py tests/test_eval_cli.py || vllm_rc=$?
 fi
 
 # The closing lines: both groups' counts, the vLLM group last (a group that ran no test fails too).

@@ -288,3 +288,20 @@ def test_model_eval_on_the_vllm_backend(
     report = _model_eval(tiny_model_dir, tmp_path / "v.json", *engine)
     assert report["counts"]["episodes"] == 12 and report["policy"]["backend"] == "vllm"
     assert len(_lines(tmp_path / "v.samples.jsonl")) == 12
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not VLLM, reason="vllm is not installed")
+def test_deepsearch_eval_on_the_vllm_backend(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The DeepSearch env imports bm25s (and numba, when installed) before vLLM's CPU engine starts."""
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    out = tmp_path / "deepsearch.json"
+    argv = ["--env", "RLF/DeepSearch-v0", "--env-kwargs", '{"world_seed": 0, "max_turns": 2}',
+            "--model-path", str(tiny_model_dir), "--backend", "vllm", "--num-prompts", "2",
+            "--max-new-tokens", "8", "--no-progress", "--out", str(out), "policy.vllm.dtype=float32",
+            "policy.vllm.max_model_len=2048", "policy.vllm.gpu_memory_utilization=0.3"]  # fmt: skip
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    assert report["counts"]["episodes"] == 2 and report["env"]["id"] == "RLF/DeepSearch-v0"

@@ -11,6 +11,9 @@ Reads ``OUT/seed*/`` as ``scripts/learning_runs.sh deepsearch SEED`` leaves it (
   std (ddof 1) and issue 33's per-seed targets checked;
 - with ``OUT/seed*/STAGE_t1_eval.json`` (scripts/deepsearch_sample_evals.sh: rlf-eval, 4 samples
   at T=1), each stage's ``avg4``/``pass4`` overall and per hop count (``avg4_hops1``...);
+- ``train`` in the summary (``--world-seed``, the world the runs trained on): per seed, per hop
+  count and per half of the GRPO run (steps 1-8, 9-16), from ``train_samples.jsonl``: groups,
+  the policy's own mean reward, EM and searches per episode, and the share of groups guided;
 - ``OUT/deepsearch_curves.png``: per seed, GRPO train reward, searches per episode and answered
   share per step, and per-hop EM of the greedy evals (base, after SFT, after GRPO);
 - the markdown table of docs/learning.md on stdout.
@@ -79,6 +82,54 @@ def sampled_figures(run: Path, folder: str) -> dict[str, float]:
     return figures
 
 
+def train_by_hops(samples: list[dict[str, Any]], hops_of: dict[str, int], steps: int) -> dict[str, Any]:
+    """Per hop count and per half of the run: groups, the policy's own reward / EM / searches, and
+    the share of groups a demonstration joined (``demonstration`` rows are not the policy's).
+
+    Example:
+        >>> rows = [{"step": 1, "task_id": "a", "group": 0, "reward": 1.0, "reward_info": {"em": 1.0},
+        ...          "tool_calls": 1, "demonstration": False},
+        ...         {"step": 1, "task_id": "a", "group": 0, "reward": 1.0, "reward_info": {"em": 1.0},
+        ...          "tool_calls": 1, "demonstration": True},
+        ...         {"step": 2, "task_id": "a", "group": 0, "reward": 0.2, "reward_info": {"em": 0.0},
+        ...          "tool_calls": 2, "demonstration": False}]
+        >>> train_by_hops(rows, {"a": 1}, steps=2)["hops1"]
+        {'steps 1-1': {'groups': 1, 'reward': 1.0, 'em': 1.0, 'searches': 1.0, 'guided': 1.0}, 'steps 2-2': {'groups': 1, 'reward': 0.2, 'em': 0.0, 'searches': 2.0, 'guided': 0.0}}
+    """
+    half = (steps + 1) // 2
+    out: dict[str, Any] = {}
+    for h in sorted({hops_of[r["task_id"]] for r in samples}):
+        out[f"hops{h}"] = {}
+        for first, last in ((1, half), (half + 1, steps)):
+            rows = [r for r in samples if hops_of[r["task_id"]] == h and first <= r["step"] <= last]
+            own = [r for r in rows if not r.get("demonstration")]
+            groups = {(r["step"], r["group"]) for r in rows}
+            guided = {(r["step"], r["group"]) for r in rows if r.get("demonstration")}
+            if not own:
+                continue
+            out[f"hops{h}"][f"steps {first}-{last}"] = {
+                "groups": len(groups),
+                "reward": round(statistics.fmean(r["reward"] for r in own), 3),
+                "em": round(statistics.fmean(r["reward_info"].get("em", 0.0) for r in own), 3),
+                "searches": round(statistics.fmean(r["tool_calls"] for r in own), 3),
+                "guided": round(len(guided) / len(groups), 3),
+            }
+    return out
+
+
+def train_table(train: dict[str, Any]) -> str:
+    """GRPO's train episodes per seed, hop count and half of the run, as a markdown table."""
+    lines = ["| seed | hops | steps | groups | own reward | own EM | searches / episode | guided groups |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for seed, by_hops in train.items():
+        for hops, halves in by_hops.items():
+            for steps, f in halves.items():
+                lines.append(f"| {seed} | {hops.removeprefix('hops')} | {steps.removeprefix('steps ')} | "
+                             f"{f['groups']} | {f['reward']:.3f} | {f['em']:.3f} | {f['searches']:.2f} | "
+                             f"{f['guided']:.2f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def stage_figures(m: dict[str, float]) -> dict[str, float | None]:
     """EM overall, on 2-3 hops (episode-weighted) and per hop; searches per episode; tool errors per call."""
     if not m:
@@ -133,7 +184,7 @@ def targets(summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def summarise(out: Path, grpo_run: str = "grpo") -> dict[str, Any]:
+def summarise(out: Path, grpo_run: str = "grpo", world_seed: int | None = None) -> dict[str, Any]:
     runs = [p for p in out.glob("seed*") if p.is_dir() and p.name.removeprefix("seed").isdigit()]
     runs.sort(key=lambda p: int(p.name.removeprefix("seed")))
     summary: dict[str, Any] = {"seeds": [run.name.removeprefix("seed") for run in runs], "grpo_run": grpo_run}
@@ -151,6 +202,16 @@ def summarise(out: Path, grpo_run: str = "grpo") -> dict[str, Any]:
         summary[stage] = {k: [figures[stage].get(k) for figures in per_seed] for k in keys}
         summary[stage]["mean_std"] = {k: mean_std(summary[stage][k]) for k in keys}
     summary["targets"] = targets(summary)
+    if world_seed is not None:
+        from rlf_envs.tasks.deepsearch.world import generate_world
+
+        hops_of = {q.id: q.hops for q in generate_world(world_seed).questions}
+        summary["train"] = {}
+        for run in runs:
+            samples = read_jsonl(run / grpo_run / "train_samples.jsonl")
+            if samples:
+                steps = max(r["step"] for r in samples)
+                summary["train"][run.name.removeprefix("seed")] = train_by_hops(samples, hops_of, steps)
     return summary
 
 
@@ -252,8 +313,11 @@ def main() -> None:
     parser.add_argument("--machine", default="", help="recorded in the summary: where the runs ran")
     parser.add_argument("--copy-to", type=Path, help="also copy the summary, PNG and per-seed files here")
     parser.add_argument("--grpo-run", default="grpo", help="the GRPO run folder in each seed (GRPO_NAME)")
+    parser.add_argument(
+        "--world-seed", type=int, default=0, help="the generated world of the runs (train table)"
+    )
     args = parser.parse_args()
-    summary = summarise(args.out, args.grpo_run)
+    summary = summarise(args.out, args.grpo_run, args.world_seed)
     if args.machine:
         summary["machine"] = args.machine
     summary_name, curves_name = report_files(args.grpo_run)
@@ -264,6 +328,8 @@ def main() -> None:
     print(table(summary))
     if any(summary[stage]["mean_std"].get("avg4") for stage in (*STAGES, BASELINE)):
         print("\nT=1, 4 samples a question (rlf-eval):\n" + table(summary, SAMPLED_COLUMNS))
+    if summary.get("train"):
+        print("\n" + train_table(summary["train"]))
     print(json.dumps(summary["targets"], indent=1))
 
 

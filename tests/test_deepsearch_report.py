@@ -91,6 +91,24 @@ def test_targets_hold_per_seed_on_three_seeds_and_the_baseline_is_read(tmp_path:
     assert "| SFT + as many more SFT steps (baseline) | 0.183 (1 seed: -, 0.183, -) |" in report.table(
         summary
     )
+    from rlf_envs.tasks.deepsearch.world import generate_world
+
+    one_hop = next(q.id for q in generate_world(0).split("train") if q.hops == 1)
+    rows = [{"step": step, "task_id": one_hop, "group": 0, "reward": reward, "reward_info": {"em": reward},
+             "tool_calls": calls, "demonstration": demo}
+            for step, reward, calls, demo in ((1, 1.0, 1, False), (2, 0.0, 2, False), (2, 1.0, 1, True))]  # fmt: skip
+    (tmp_path / "seed0" / "grpo" / "train_samples.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows)
+    )
+    train = report.summarise(tmp_path, world_seed=0)["train"]
+    assert train["0"]["hops1"]["steps 2-2"] == {
+        "groups": 1,
+        "reward": 0.0,
+        "em": 0.0,
+        "searches": 2.0,
+        "guided": 1.0,
+    }
+    assert "| 0 | 1 | 1-1 | 1 | 1.000 | 1.000 | 1.00 | 0.00 |" in report.train_table(train)
     write_seed(tmp_path / "lost", 0, sft=(0.9, 0.0, 0.0), grpo=(0.8, 0.9, 0.9))
     for seed in (1, 2):
         write_seed(tmp_path / "lost", seed, sft=(0.9, 0.0, 0.0), grpo=(0.9, 0.9, 0.9))

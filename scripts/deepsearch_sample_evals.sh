@@ -4,6 +4,7 @@
 #
 #   scripts/deepsearch_sample_evals.sh SEED [STAGE ...]     # stages: run folders with a model/ (default: sft grpo)
 #   OUT=/tmp/ds scripts/deepsearch_sample_evals.sh 0 sft grpo sft_more
+#   NUM_PROMPTS=85 scripts/deepsearch_sample_evals.sh 0       # a smaller seeded sample of test questions
 #   BACKEND=vllm PATH=.venv-vllm/bin:$PATH scripts/deepsearch_sample_evals.sh 0   # sample with vLLM's CPU engine (bf16; run from .venv-vllm)
 #
 # Writes $OUT/seed$SEED/STAGE_t1_eval.json (+ .samples.jsonl); scripts/deepsearch_report.py reads them.
@@ -22,8 +23,9 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 for stage in "${STAGES[@]}"; do
   report="$OUT/seed$SEED/${stage}_t1_eval.json"
   if [[ ! -s "$report" ]]; then
-    echo "== $(date -u +%H:%M:%S) seed $SEED: $stage, 170 questions x 4 samples at T=1 ($BACKEND)"
+    echo "== $(date -u +%H:%M:%S) seed $SEED: $stage, ${NUM_PROMPTS:-170} questions x 4 samples at T=1 ($BACKEND)"
     python -m rlf_trainer.eval_cli --config "$CONFIG" --model-path "$OUT/seed$SEED/$stage/model" --backend "$BACKEND" \
-      --samples 4 --temperature 1.0 --pass-k 1 4 --out "$report" --no-progress seed="$SEED"
+      ${NUM_PROMPTS:+--num-prompts "$NUM_PROMPTS"} --samples 4 --temperature 1.0 --pass-k 1 4 \
+      --out "$report" --no-progress seed="$SEED"
   fi
 done

@@ -241,6 +241,8 @@ def table(summary: dict[str, Any], cols: list[tuple[str, str]] = GREEDY_COLUMNS)
                 cells.append(f"{stats['mean']:.3f} (1 seed: {per})")
             else:
                 cells.append(f"{stats['mean']:.3f} +- {stats['std']:.3f} ({per})")
+        if cols is SAMPLED_COLUMNS and all(cell == "not run" for cell in cells):
+            continue  # a stage without T=1 evals: no row
         lines.append(f"| {names[stage]} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -7,7 +7,7 @@ Example:
     rlf-bench simulator-checks        # precision/recall of the simulator checks on the labelled set
     rlf-bench train --json
     rlf-bench rollout --json          # lockstep vs async rollout (vLLM: .venv-vllm on a CPU machine)
-    rlf-bench profile --config examples/configs/deepsearch_smollm2_grpo_cpu.yaml   # where generation's time goes
+    rlf-bench profile --config examples/configs/smollm2_learn_cpu.yaml   # where generation's time goes
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """``rlf-bench profile --config X.yaml``: where a rollout's generation time goes, by kind of work.
 
-Runs trainer steps of the config (the first a warm-up, not profiled) with every call of the
-policy's ``generate`` inside a ``torch.profiler`` range, then splits the generation's wall time:
+Runs trainer steps of the config (the first a warm-up, not profiled), profiling each call of the
+policy's ``generate`` on its own (``torch.profiler``; the update is not recorded), then splits the
+generation's wall time:
 
 - **body matmuls**: ``mm`` / ``addmm`` / ``bmm`` / ``linear`` of the transformer layers;
 - **vocabulary projection**: the same ops where a shape has the vocabulary's size (the LM head);
@@ -17,7 +18,7 @@ fixed cost of a step. Figures are the profiler's CPU times on this machine, now;
 a few microseconds per op, which lands in "outside torch ops".
 
 Example:
-    rlf-bench profile --config examples/configs/deepsearch_smollm2_grpo_cpu.yaml --steps 2
+    rlf-bench profile --config examples/configs/smollm2_learn_cpu.yaml --steps 2
     rlf-bench profile --config examples/configs/smollm2_learn_cpu.yaml --precision no --json
 """
 
@@ -97,25 +98,38 @@ def profile_config(config: str, precision: str, steps: int, overrides: list[str]
     trainer = Trainer(load_config(config, [*overrides, *fixed]))
     policy = trainer.policy
     generate = policy.generate
+    vocab = trainer.accelerator.unwrap_model(trainer.model).config.vocab_size
+    splits: list[dict[str, Any]] = []
+    profiling = False
 
-    def ranged_generate(*args: Any, **kwargs: Any) -> Any:
-        with torch.profiler.record_function(RANGE):
+    def profiled_generate(*args: Any, **kwargs: Any) -> Any:
+        if not profiling:
             return generate(*args, **kwargs)
+        # one profile per call: recording a whole step (its backward included) takes gigabytes
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        with (
+            torch.profiler.profile(activities=activities, record_shapes=True) as prof,
+            torch.profiler.record_function(RANGE),
+        ):
+            out = generate(*args, **kwargs)
+        splits.append(split_generation_time(list(prof.events()), vocab))
+        return out
 
-    policy.generate = ranged_generate  # type: ignore[method-assign]
+    policy.generate = profiled_generate  # type: ignore[method-assign]
     records = []
     try:
         trainer.train_step()  # warm-up: kernels chosen, caches filled
-        with torch.profiler.profile(
-            activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True
-        ) as prof:
-            for _ in range(max(1, steps - 1)):
-                records.append(trainer.train_step())
-        vocab = trainer.accelerator.unwrap_model(trainer.model).config.vocab_size
+        profiling = True
+        for _ in range(max(1, steps - 1)):
+            records.append(trainer.train_step())
     finally:
         policy.generate = generate  # type: ignore[method-assign]
         trainer.close()
-    split = split_generation_time(list(prof.events()), vocab)
+    split = {
+        "wall_s": sum(s["wall_s"] for s in splits),
+        "seconds": {c: sum(s["seconds"][c] for s in splits) for c in CATEGORIES},
+        "forwards": sum(s["forwards"] for s in splits),
+    }
     profiled = len(records)
     generated = sum(r.get("rollout/generated_tokens", 0.0) for r in records)
     return {

@@ -88,13 +88,12 @@ def profile_config(config: str, precision: str, steps: int, overrides: list[str]
     """``steps`` trainer steps of ``config`` (the first unprofiled); the generation's split per step."""
     import torch
 
+    from rlf_bench.speed_bench import bench_overrides
     from rlf_trainer.config import load_config
     from rlf_trainer.trainer import Trainer
 
     workdir = tempfile.mkdtemp(prefix="rlf-profile-")
-    fixed = [f"mixed_precision={precision}", f"max_steps={steps}", f"logging.dir={workdir}",
-             "logging.progress_bar=false", "eval.every=0", "checkpoint.every=0",
-             "checkpoint.save_final=false", "checkpoint.save_model=false", "checkpoint.resume=none"]  # fmt: skip
+    fixed = bench_overrides(precision, steps, workdir)
     trainer = Trainer(load_config(config, [*overrides, *fixed]))
     policy = trainer.policy
     generate = policy.generate

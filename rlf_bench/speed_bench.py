@@ -98,24 +98,21 @@ def phase_figures(records: list[dict[str, float]], body: int, head: int, peak: f
     return out
 
 
+def bench_overrides(precision: str, steps: int, workdir: Path | str) -> list[str]:
+    """What a bench run of trainer steps sets last: the precision and step count, its own run
+    folder, and no progress bar, eval or checkpoint (they would be timed with the steps)."""
+    return [f"mixed_precision={precision}", f"max_steps={steps}", f"logging.dir={workdir}",
+            f"logging.run_name=speed_{precision}", "logging.progress_bar=false", "eval.every=0",
+            "checkpoint.every=0", "checkpoint.save_final=false", "checkpoint.save_model=false",
+            "checkpoint.resume=none"]  # fmt: skip
+
+
 def run_one(config: str, precision: str, steps: int, workdir: Path, overrides: list[str]) -> dict[str, Any]:
     """``steps`` trainer steps of ``config`` at ``precision`` in this process; its figures."""
     from rlf_trainer.config import load_config
     from rlf_trainer.trainer import Trainer
 
-    fixed = [
-        f"mixed_precision={precision}",
-        f"max_steps={steps}",
-        f"logging.dir={workdir}",
-        f"logging.run_name=speed_{precision}",
-        "logging.progress_bar=false",
-        "eval.every=0",
-        "checkpoint.every=0",
-        "checkpoint.save_final=false",
-        "checkpoint.save_model=false",
-        "checkpoint.resume=none",
-    ]
-    trainer = Trainer(load_config(config, [*overrides, *fixed]))
+    trainer = Trainer(load_config(config, [*overrides, *bench_overrides(precision, steps, workdir)]))
     records: list[dict[str, float]] = []
     try:
         for _ in range(steps):

@@ -263,6 +263,8 @@ def test_bad_arguments_are_one_line_and_exit_code_2(
 
 
 VLLM = importlib.util.find_spec("vllm") is not None
+# vLLM's CPU engine for the tiny model: fp32 as the HF runs, a small share of memory
+VLLM_ENGINE = ("--backend", "vllm", "policy.vllm.dtype=float32", "policy.vllm.gpu_memory_utilization=0.3")
 
 
 @pytest.mark.skipif(VLLM, reason="vllm is installed: the backend is there")
@@ -283,9 +285,7 @@ def test_model_eval_on_the_vllm_backend(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    engine = ("--backend", "vllm", "policy.vllm.dtype=float32", "policy.vllm.max_model_len=1024",
-              "policy.vllm.gpu_memory_utilization=0.3")  # fmt: skip
-    report = _model_eval(tiny_model_dir, tmp_path / "v.json", *engine)
+    report = _model_eval(tiny_model_dir, tmp_path / "v.json", *VLLM_ENGINE, "policy.vllm.max_model_len=1024")
     assert report["counts"]["episodes"] == 12 and report["policy"]["backend"] == "vllm"
     assert len(_lines(tmp_path / "v.samples.jsonl")) == 12
 
@@ -299,9 +299,8 @@ def test_deepsearch_eval_on_the_vllm_backend(
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     out = tmp_path / "deepsearch.json"
     argv = ["--env", "RLF/DeepSearch-v0", "--env-kwargs", '{"world_seed": 0, "max_turns": 2}',
-            "--model-path", str(tiny_model_dir), "--backend", "vllm", "--num-prompts", "2",
-            "--max-new-tokens", "8", "--no-progress", "--out", str(out), "policy.vllm.dtype=float32",
-            "policy.vllm.max_model_len=2048", "policy.vllm.gpu_memory_utilization=0.3"]  # fmt: skip
+            "--model-path", str(tiny_model_dir), "--num-prompts", "2", "--max-new-tokens", "8",
+            "--no-progress", "--out", str(out), *VLLM_ENGINE, "policy.vllm.max_model_len=2048"]  # fmt: skip
     assert main(argv) == 0
     report = json.loads(out.read_text())
     assert report["counts"]["episodes"] == 2 and report["env"]["id"] == "RLF/DeepSearch-v0"

@@ -332,6 +332,40 @@ def text_score(episode) -> dict[str, float]:
     return {"reward": text_reward(episode)["reward"]}
 
 
+class ScriptedTextPolicy:
+    """A Policy whose next turn is :meth:`turn` of the prompt's text; its token ids are the canonical
+    encoding of that text plus the end-of-turn token (what a policy writing it would have sampled),
+    log-probs 0. Subclasses say which text."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        from rlf_trainer.rollout.trajectory import turn_end_id
+
+        self.tokenizer, self.end_id = tokenizer, turn_end_id(tokenizer)
+
+    def turn(self, prompt_text: str) -> str:
+        raise NotImplementedError
+
+    def generate(self, prompts: list[list[int]], params: Any) -> list[Any]:
+        from rlf_trainer.policy import Completion
+        from rlf_trainer.rollout import chat
+
+        out = []
+        for prompt in prompts:
+            turn = self.turn(self.tokenizer.decode(prompt))
+            ids = chat.encode(self.tokenizer, turn) + [self.end_id]
+            out.append(Completion(ids, [0.0] * len(ids), turn, "stop"))
+        return out
+
+    def update_weights(self, model: Any) -> None:
+        """Nothing to sync: the turns are scripted."""
+
+    def sleep(self) -> None:
+        """No engine."""
+
+    def wake_up(self) -> None:
+        """No engine."""
+
+
 def tiny_config(tiny_model_dir: Path, run_dir: Path, *overrides: str) -> Any:
     """examples/configs/tiny_test.yaml on the tiny model, logging to ``run_dir``, rewarded by :func:`text_reward`.
 

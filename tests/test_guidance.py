@@ -24,16 +24,15 @@ from rlf_trainer.data.demonstrations import (
     collect_demonstrations,
     select_tasks,
 )
-from rlf_trainer.policy import Completion, SamplingParams
-from rlf_trainer.rollout import chat
+from rlf_trainer.policy import SamplingParams
 from rlf_trainer.rollout.collect import collect
 from rlf_trainer.rollout.guidance import DemonstrationRequest, play_demonstrations, replace_episodes
 from rlf_trainer.rollout.lockstep import run_rollout
-from rlf_trainer.rollout.trajectory import turn_end_id
 from rlf_trainer.trainer import Trainer
 from tests.helpers import (
     ANSWER_WORDS,
     ECHO_QUESTION,
+    ScriptedTextPolicy,
     echo_demonstrator,
     echo_turn,
     latency_server,
@@ -150,29 +149,12 @@ def _echo_envs(num_envs: int):
                         mcp_servers={"mcpServers": {"latency": server}}, tasks=ECHO_TASKS, reward="exact_match")  # fmt: skip
 
 
-class EchoTextPolicy:
-    """A Policy that writes :func:`tests.helpers.echo_turn`: the canonical token ids of the text plus <|im_end|>."""
+class EchoTextPolicy(ScriptedTextPolicy):
+    """Writes :func:`tests.helpers.echo_turn` for the prompt's question."""
 
-    def __init__(self, tokenizer):
-        self.tokenizer, self.end_id = tokenizer, turn_end_id(tokenizer)
-
-    def generate(self, prompts, params):
-        out = []
-        for prompt in prompts:
-            text = self.tokenizer.decode(prompt)
-            turn = echo_turn(ECHO_QUESTION.search(text).group(1), text.count("<|im_start|>assistant") - 1)
-            ids = chat.encode(self.tokenizer, turn) + [self.end_id]
-            out.append(Completion(ids, [0.0] * len(ids), turn, "stop"))
-        return out
-
-    def update_weights(self, model):
-        """Nothing to sync: the turns are scripted."""
-
-    def sleep(self):
-        """No engine."""
-
-    def wake_up(self):
-        """No engine."""
+    def turn(self, prompt_text: str) -> str:
+        question = ECHO_QUESTION.search(prompt_text).group(1)
+        return echo_turn(question, prompt_text.count("<|im_start|>assistant") - 1)
 
 
 def test_a_demonstration_is_built_exactly_as_the_rollout_of_a_policy_writing_its_text(tiny_tokenizer):

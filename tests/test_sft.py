@@ -23,11 +23,9 @@ from rlf_trainer.data.demonstrations import (
     collect_demonstrations,
     select_tasks,
 )
-from rlf_trainer.policy import Completion, SamplingParams
-from rlf_trainer.rollout import chat
+from rlf_trainer.policy import SamplingParams
 from rlf_trainer.rollout.lockstep import run_rollout
-from rlf_trainer.rollout.trajectory import turn_end_id
-from tests.helpers import free_port
+from tests.helpers import ScriptedTextPolicy, free_port
 
 ENV_ID = "RLF/DeepSearch-v0"
 
@@ -107,34 +105,18 @@ def test_rlf_collect_plays_the_split_it_is_given(tmp_path):
         assert test_questions[record["task_id"]] in asked
 
 
-class OracleTextPolicy:
-    """A Policy whose turns are the oracle's, token ids = the canonical encoding of the text + <|im_end|>."""
+class OracleTextPolicy(ScriptedTextPolicy):
+    """Writes the oracle's turns for the question in the prompt."""
 
     def __init__(self, tokenizer, world_seed: int = 0):
-        self.tokenizer = tokenizer
+        super().__init__(tokenizer)
         self.oracle = DeepSearchOracle(world_seed)
         self.by_question = {q.question: q.id for q in self.oracle.world.questions}
-        self.end_id = turn_end_id(tokenizer)
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
-        out = []
-        for prompt in prompts:
-            text = self.tokenizer.decode(prompt)
-            qid = next(q for question, q in self.by_question.items() if question in text)
-            done = text.count("<|im_start|>assistant") - 1
-            turn = self.oracle([{"role": "assistant"}] * done, {"task_id": qid})
-            ids = chat.encode(self.tokenizer, turn) + [self.end_id]
-            out.append(Completion(ids, [0.0] * len(ids), turn, "stop"))
-        return out
-
-    def update_weights(self, model):
-        """Nothing to sync: the turns are scripted."""
-
-    def sleep(self):
-        """No engine."""
-
-    def wake_up(self):
-        """No engine."""
+    def turn(self, prompt_text: str) -> str:
+        qid = next(q for question, q in self.by_question.items() if question in prompt_text)
+        done = prompt_text.count("<|im_start|>assistant") - 1
+        return self.oracle([{"role": "assistant"}] * done, {"task_id": qid})
 
 
 def test_sft_tokens_and_mask_equal_the_rl_rollout(tiny_tokenizer, two_hop_tasks):

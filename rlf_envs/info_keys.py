@@ -72,7 +72,7 @@ INFO_KEYS: tuple[InfoKey, ...] = (
     InfoKey(ERRORS, "list[str]", "step",
             "the error kinds of this turn's calls (`rlf_envs.types.ErrorKind` values)"),
     InfoKey(TURN_REWARD, "float", "tool or user turn",
-            "the task's process reward of this turn (`Task.tool_success_reward`), already in `reward`"),
+            "the task's process reward of this turn (`Task.turn_reward`), already in `reward`"),
     InfoKey(USER_MESSAGE, "dict", "user turn",
             "the simulated user's reply `{role: user, content}`, also the last entry of `messages`"),
     InfoKey(ANSWER, "str or None", "episode end",

@@ -112,9 +112,11 @@ class GuidanceConfig(Section):
     """``algorithm.guidance``: demonstrations inside GRPO groups (off by default; docs/trainer.md, "Guidance").
 
     A demonstrator plays a group's task and its episode replaces the group's worst sample (the
-    batch keeps its shape). Which groups: ``when: all_fail``, those none of whose samples reached
-    ``success_reward``; ``always``, every group; each with ``probability`` (a draw seeded by the
-    run seed, the step and the group). A demonstration that does not reach ``success_reward``
+    batch keeps its shape). Which groups: ``when: all_fail``, those none of whose samples succeeded
+    (the return reached ``success_reward``, or the env said the answer was correct, ``em``/``acc``,
+    as the eval counts it: a process reward such as a search cost can keep a correct answer's
+    return below 1); ``always``, every group; each with ``probability`` (a
+    draw seeded by the run seed, the step and the group). A demonstration that does not succeed
     itself is dropped. Its tokens train with LUFFY's policy shaping, ``-f(pi) A`` with
     ``f(p) = p / (p + shaping_gamma)`` and no clip (:func:`rlf_trainer.algorithms.losses.policy_shaping_terms`).
 

@@ -113,38 +113,55 @@ def oracle_turns(world, question_id, answer=None):
     return [*turns, f"<answer>{solution.answer if answer is None else answer}</answer>"]
 
 
-def test_deepsearch_vector_scripted_agents_right_and_wrong(world):
+def test_deepsearch_vector_scripted_agents_right_wrong_and_redundant(world):
     """Right answers score 1; a wrong one after only the first search scores the evidence bonus for
-    the one supporting document of ``hops`` that it saw."""
+    the one supporting document of ``hops`` that it saw; a search after all the evidence was shown
+    costs ``redundant_search_cost`` on its own turn (the returns add the step rewards)."""
     by_hops = [[q for q in world.split("test") if q.hops == hops][:10] for hops in (1, 2, 3)]
     test_questions = [q for questions in by_hops for q in questions]
-    n = len(test_questions)
+    n, repeated = len(test_questions), by_hops[0]
     envs = gym.make_vec(
         "RLF/DeepSearch-v0",
-        num_envs=2 * n,
+        num_envs=2 * n + len(repeated),
         split="test",
         max_turns=5,
         evidence_reward=0.3,
+        redundant_search_cost=0.25,
         autoreset_mode="Disabled",
     )
     position = {q.id: i for i, q in enumerate(world.split("test"))}
-    envs.reset(seed=0, options={"task_indices": [position[q.id] for q in test_questions] * 2})
+    indices = [position[q.id] for q in [*test_questions, *test_questions, *repeated]]
+    envs.reset(seed=0, options={"task_indices": indices})
     scripts = [oracle_turns(world, q.id) for q in test_questions]
     scripts += [[oracle_turns(world, q.id)[0], "<answer>Nobody Knows</answer>"] for q in test_questions]
-    final = [None] * (2 * n)
+    scripts += [[call("search", query="anything"), *oracle_turns(world, q.id)] for q in repeated]
+    scripts[-1] = [*oracle_turns(world, repeated[-1].id)[:1], *oracle_turns(world, repeated[-1].id)]
+    final, returns = [None] * len(scripts), [0.0] * len(scripts)
+    redundant_turn_rewards = []
     for turn in range(5):
         actions = [s[turn] if turn < len(s) else "" for s in scripts]
         obs, rewards, terminated, truncated, infos = envs.step(actions)
-        for i in range(2 * n):
-            if final[i] is None and (terminated[i] or truncated[i]):
+        for i in range(len(scripts)):
+            if final[i] is not None:
+                continue
+            returns[i] += rewards[i]
+            if terminated[i] or truncated[i]:
                 info = infos["reward_info"]
-                final[i] = (rewards[i], info["em"][i], info["evidence"][i], terminated[i])
-            elif final[i] is None:
-                assert "Doc 1 (Title:" in obs[i]
+                final[i] = (returns[i], info["em"][i], info["evidence"][i], terminated[i])
+                final[i] += (info["redundant_searches"][i],)
+            else:
+                assert "Doc 1 (Title:" in obs[i] or (i >= 2 * n and turn == 0)
+                if i == len(scripts) - 1 and turn == 1:
+                    redundant_turn_rewards.append(rewards[i])
     assert [f[:3] for f in final[:n]] == [(1.0, 1.0, 1.0)] * n
     one_of = [1 / q.hops for q in test_questions]
-    assert [f[1:3] for f in final[n:]] == [(0.0, share) for share in one_of]
-    assert [f[0] for f in final[n:]] == pytest.approx([0.3 * share for share in one_of])
+    assert [f[1:3] for f in final[n : 2 * n]] == [(0.0, share) for share in one_of]
+    assert [f[0] for f in final[n : 2 * n]] == pytest.approx([0.3 * share for share in one_of])
+    assert [f[4] for f in final[: 2 * n]] == [0.0] * (2 * n)
+    # a search before the evidence (a useless query) is free; the same search twice is not
+    assert [f[:3] + f[4:] for f in final[2 * n : -1]] == [(1.0, 1.0, 1.0, 0.0)] * (len(repeated) - 1)
+    assert final[-1][:3] + final[-1][4:] == (0.75, 1.0, 1.0, 1.0)
+    assert redundant_turn_rewards == [-0.25]
     assert [len(questions) for questions in by_hops] == [10, 10, 10]
     assert all(f[3] for f in final)
     envs.close()

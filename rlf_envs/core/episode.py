@@ -175,7 +175,9 @@ class EpisodeState:
             ERRORS: [r.error_kind.value for r in results if r.error_kind is not None],
         }
         obs = format_tool_results(results)
-        turn_reward = self._turn_reward(results)
+        turn_reward = float(
+            self.task.turn_reward(self.instance, self.messages, [r.error_kind is None for r in results])
+        )
         info[TURN_REWARD] = turn_reward
         ends = any(r.ok and r.call.name in self.task.terminating_tools for r in results)
         if ends or self.turns >= self.max_turns:
@@ -240,13 +242,6 @@ class EpisodeState:
                 self.task.close_episode(self.episode_args)
             except Exception:  # cleanup trouble must not break the next episode
                 traceback.print_exc(limit=2)
-
-    def _turn_reward(self, results: list[ToolResult]) -> float:
-        """The task's process reward for a tool turn: only when every call of the turn succeeded."""
-        bonus = float(getattr(self.task, "tool_success_reward", 0.0) or 0.0)
-        if bonus and results and all(r.error_kind is None for r in results):
-            return bonus
-        return 0.0
 
     async def _finish(
         self, action: str, answer: str | None, *, terminated: bool, info: dict[str, Any], obs: str = ""

@@ -90,6 +90,25 @@ class Task:
     def close_episode(self, episode_args: dict[str, Any]) -> None:
         """Release what :meth:`open_episode` made (called once per opened episode)."""
 
+    def turn_reward(
+        self, instance: TaskInstance, messages: Sequence[Mapping[str, Any]], calls_ok: Sequence[bool]
+    ) -> float:
+        """The step reward of a tool turn (a process reward; the episode's return adds them up).
+
+        ``messages`` is the chat so far, ending with this turn's assistant message and its tool
+        results; ``calls_ok[i]`` says whether its ``i``-th call succeeded. The default pays
+        :attr:`tool_success_reward` when every call did; a task overrides it to reward (or charge)
+        what a turn found, e.g. DeepSearch's ``redundant_search_cost``.
+
+        Example:
+            >>> task = FunctionTask("t", [], reward_fn=lambda ep: 0.0, tool_success_reward=0.1)
+            >>> task.turn_reward(TaskInstance("0", "q", "a"), [], [True, True]), task.turn_reward(None, [], [True, False])
+            (0.1, 0.0)
+        """
+        if self.tool_success_reward and calls_ok and all(calls_ok):
+            return float(self.tool_success_reward)
+        return 0.0
+
     async def reward(self, episode: Episode) -> RewardValue:
         raise NotImplementedError
 

@@ -25,8 +25,8 @@ def guide(rollout: RolloutState, step: int, collected: Collected) -> tuple[Rollo
     """``algorithm.guidance``: the step's rollout with demonstrations in place of some samples, and
     ``guidance/*`` metrics (none when guidance is off: the batch is returned as it is).
 
-    Guided groups (:func:`guided_groups`): ``when: all_fail``, those none of whose samples reached
-    ``success_reward``; ``always``, every group; each with ``probability``. The demonstrator plays
+    Guided groups (:func:`guided_groups`): ``when: all_fail``, those none of whose samples
+    succeeded (:func:`succeeded_episode`); ``always``, every group; each with ``probability``. The demonstrator plays
     the group's task on the env slot of the group's worst sample, and the demonstration takes that
     sample's place. Replacing rather than adding a G+1-th keeps every group ``group_size`` long and
     every process's batch the same size, so the update's collectives stay in step. A demonstration
@@ -37,7 +37,7 @@ def guide(rollout: RolloutState, step: int, collected: Collected) -> tuple[Rollo
     if not settings.enabled or rollout.demonstrator is None:
         return batch, {}
     started, size = time.perf_counter(), rollout.group_size
-    succeeded = [s.reward >= settings.success_reward for s in batch.stats]
+    succeeded = [succeeded_episode(s, settings.success_reward) for s in batch.stats]
     requests = [
         DemonstrationRequest(
             slot=worst_sample(batch.stats, g, size), task_index=collected.prompts[g], group=g
@@ -52,7 +52,9 @@ def guide(rollout: RolloutState, step: int, collected: Collected) -> tuple[Rollo
         max_total_tokens=rollout.config.rollout.max_total_tokens,
     )
     kept = {
-        r.slot: t for r, t in zip(requests, played, strict=True) if t.stats.reward >= settings.success_reward
+        r.slot: t
+        for r, t in zip(requests, played, strict=True)
+        if succeeded_episode(t.stats, settings.success_reward)
     }
     info = {
         "guidance/guided_share": len(kept) / max(1, len(batch) // size),
@@ -62,6 +64,20 @@ def guide(rollout: RolloutState, step: int, collected: Collected) -> tuple[Rollo
     if requests:  # how often the demonstrator itself succeeds (a hop-limited oracle fails on purpose)
         info["guidance/demonstration_success"] = len(kept) / len(requests)
     return replace_episodes(batch, kept, rollout.policy.tokenizer), info
+
+
+def succeeded_episode(stats: EpisodeStats, success_reward: float) -> bool:
+    """Whether an episode solved its task: a return of at least ``success_reward``, or the env's
+    verdict (``em``/``acc``) that it is correct, as the eval counts it (a turn cost can hold a
+    correct answer's return below 1).
+
+    Example:
+        >>> succeeded_episode(EpisodeStats("t", 0, reward=0.7, correct=True), 1.0)
+        True
+        >>> succeeded_episode(EpisodeStats("t", 0, reward=0.7), 1.0), succeeded_episode(EpisodeStats("t", 0, reward=1.0), 1.0)
+        (False, True)
+    """
+    return stats.reward >= success_reward or bool(stats.correct)
 
 
 def guided_groups(rollout: RolloutState, step: int, succeeded: list[bool]) -> list[int]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,11 @@ class DeepSearchTask(Task):
             the generated world): a wrong answer after the right searches scores above one after too
             few, so a group whose samples all fail still ranks them (e.g. a third search on a 3-hop
             question). 0.0 keeps a wrong answer at the format bonus.
+        redundant_search_cost: the step reward of a search made once the question's supporting
+            documents had all been shown, negated, per call (a process reward of the generated world):
+            a 1-hop answer after one search then scores above the same answer after two, so a group
+            that always succeeds still teaches when to stop searching. ``redundant_searches`` in the
+            reward info counts them for every episode of the generated world.
         max_turns: assistant turns before the episode is truncated.
         top_k: documents a search returns when the model does not pass ``top_k``.
         train_hops: keep only train questions with these hop counts (e.g. ``[2, 3]`` for an RL stage
@@ -81,6 +87,7 @@ class DeepSearchTask(Task):
         reward: str = "exact_match",
         format_reward: float = 0.0,
         evidence_reward: float = 0.0,
+        redundant_search_cost: float = 0.0,
         max_turns: int = 4,
         top_k: int = 3,
         cache_dir: str | Path | None = None,
@@ -110,6 +117,7 @@ class DeepSearchTask(Task):
         self._reward_fn = get_rule_reward(reward)
         self.format_reward = float(format_reward)
         self.evidence_reward = float(evidence_reward)
+        self.redundant_search_cost = float(redundant_search_cost)
         self.max_turns = max_turns
         self.top_k = top_k
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
@@ -191,9 +199,52 @@ class DeepSearchTask(Task):
         evidence = self.evidence(episode)
         if evidence is not None:
             scores["evidence"] = evidence
+            scores["redundant_searches"] = float(
+                sum(self.redundant_calls(episode.instance, episode.messages))
+            )
             if wrong:
                 scores["reward"] = scores["reward"] + self.evidence_reward * evidence
         return scores
+
+    def turn_reward(
+        self, instance: TaskInstance, messages: Sequence[Mapping[str, Any]], calls_ok: Sequence[bool]
+    ) -> float:
+        """The base turn reward, less ``redundant_search_cost`` per search of this turn made after the
+        supporting documents had all been shown.
+
+        Example:
+            >>> task = DeepSearchTask(redundant_search_cost=0.3)
+            >>> question = next(q for q in task.split_instances["train"] if q.metadata["hops"] == 1)
+            >>> doc = task.world.document(question.metadata["supporting_doc_ids"][0])
+            >>> search = {"role": "assistant", "content": "", "tool_calls": [{"name": "search"}]}
+            >>> found = {"role": "tool", "content": f"Doc 1 (Title: {doc.title}): {doc.text}"}
+            >>> task.turn_reward(question, [search, found], [True]), task.turn_reward(question, [search, found, search, found], [True])
+            (0.0, -0.3)
+        """
+        reward = super().turn_reward(instance, messages, calls_ok)
+        if self.redundant_search_cost:
+            calls = self.redundant_calls(instance, messages)
+            reward -= self.redundant_search_cost * (calls[-1] if calls else 0)
+        return reward
+
+    def redundant_calls(self, instance: TaskInstance, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """For each tool turn of ``messages``, how many of its calls came after every supporting
+        document had been shown (all 0 for questions without supporting documents)."""
+        titles = self._supporting_titles(instance)
+        counts, shown = [], ""
+        for message in messages:
+            if message.get("role") == "tool":
+                shown += "\n" + str(message.get("content", ""))
+            elif message.get("role") == "assistant" and message.get("tool_calls"):
+                complete = bool(titles) and all(f"(Title: {title})" in shown for title in titles)
+                counts.append(len(message["tool_calls"]) if complete else 0)
+        return counts
+
+    def _supporting_titles(self, instance: TaskInstance) -> list[str]:
+        doc_ids = instance.metadata.get("supporting_doc_ids")
+        if not doc_ids or self.qa_path is not None:
+            return []
+        return [self.world.document(doc_id).title for doc_id in doc_ids]
 
     def evidence(self, episode: Episode) -> float | None:
         """The share of the question's supporting documents that the episode's tool results showed;
@@ -212,9 +263,8 @@ class DeepSearchTask(Task):
             >>> asyncio.run(task.reward(episode))["reward"]   # wrong: 0.3 x half the evidence
             0.15
         """
-        doc_ids = episode.instance.metadata.get("supporting_doc_ids")
-        if not doc_ids or self.qa_path is not None:
+        titles = self._supporting_titles(episode.instance)
+        if not titles:
             return None
         shown = "\n".join(str(m.get("content", "")) for m in episode.messages if m.get("role") == "tool")
-        titles = [self.world.document(doc_id).title for doc_id in doc_ids]
         return sum(f"(Title: {title})" in shown for title in titles) / len(titles)

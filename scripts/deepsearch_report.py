@@ -107,26 +107,34 @@ def train_by_hops(samples: list[dict[str, Any]], hops_of: dict[str, int], steps:
             guided = {(r["step"], r["group"]) for r in rows if r.get("demonstration")}
             if not own:
                 continue
-            out[f"hops{h}"][f"steps {first}-{last}"] = {
+            figures = out[f"hops{h}"][f"steps {first}-{last}"] = {
                 "groups": len(groups),
                 "reward": round(statistics.fmean(r["reward"] for r in own), 3),
                 "em": round(statistics.fmean(r["reward_info"].get("em", 0.0) for r in own), 3),
                 "searches": round(statistics.fmean(r["tool_calls"] for r in own), 3),
                 "guided": round(len(guided) / len(groups), 3),
             }
+            redundant = [
+                r["reward_info"]["redundant_searches"]
+                for r in own
+                if "redundant_searches" in r["reward_info"]
+            ]
+            if redundant:  # searches after every supporting document was shown (newer runs report them)
+                figures["redundant"] = round(statistics.fmean(redundant), 3)
     return out
 
 
 def train_table(train: dict[str, Any]) -> str:
     """GRPO's train episodes per seed, hop count and half of the run, as a markdown table."""
-    lines = ["| seed | hops | steps | groups | own reward | own EM | searches / episode | guided groups |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| seed | hops | steps | groups | own reward | own EM | searches / episode | redundant searches | guided groups |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for seed, by_hops in train.items():
         for hops, halves in by_hops.items():
             for steps, f in halves.items():
+                redundant = f"{f['redundant']:.2f}" if "redundant" in f else "-"
                 lines.append(f"| {seed} | {hops.removeprefix('hops')} | {steps.removeprefix('steps ')} | "
                              f"{f['groups']} | {f['reward']:.3f} | {f['em']:.3f} | {f['searches']:.2f} | "
-                             f"{f['guided']:.2f} |")  # fmt: skip
+                             f"{redundant} | {f['guided']:.2f} |")  # fmt: skip
     return "\n".join(lines)
 
 

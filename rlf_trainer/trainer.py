@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accelerate.utils import gather_object
 
@@ -53,6 +53,9 @@ from rlf_trainer.run import checkpoint as ckpt
 from rlf_trainer.run import distributed
 from rlf_trainer.run.distributed import full_parameters
 from rlf_trainer.run.precision import resolve_mixed_precision
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
 
 logger = logging.getLogger(__name__)
 
@@ -89,22 +92,8 @@ class Trainer:
         config.mixed_precision = resolve_mixed_precision(config.mixed_precision)
         self.run_dir = config.run_dir
         resume_from = ckpt.resolve_resume(config.checkpoint.resume, config.checkpoint_dir)
-        # before anything is built: a tracker that is misspelt or not installed stops the run here
-        log_with = trackers.trackers(
-            config.logging,
-            self.run_dir,
-            first_step=ckpt.read_state(resume_from)["step"] if resume_from else 0,
-        )
-        self.accelerator = distributed.make_accelerator(
-            config.distributed.timeout_s,
-            gradient_accumulation_steps=config.optim.gradient_accumulation_steps,
-            mixed_precision=config.mixed_precision,
-            log_with=log_with or None,
-            project_dir=str(self.run_dir),
-        )
-        acc = self.accelerator
+        self.accelerator = acc = self._start_accelerator(resume_from)
         set_seed(config.seed)
-        local_episodes = episodes_per_process(config, acc.num_processes)
         if acc.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             dump_config(config, self.run_dir / "config.yaml")
@@ -119,40 +108,59 @@ class Trainer:
         self.last_batch: RolloutBatch | None = None
         self._last_saved_step: int | None = None
         self._last_eval_step: int | None = None
-        self.envs = build.make_envs(config, local_episodes)
+        self.envs = build.make_envs(config, episodes_per_process(config, acc.num_processes))
         try:  # the envs run tool-server processes: never leave them behind on a failed start
-            # before step 1 (and before a vLLM engine starts): a prompt over the budget is an error
-            self.budget = check_run_budget(
-                config, self.envs, self.tokenizer, acc.unwrap_model(self.model).config
-            )
-            self.health = HealthMonitor(config.health, max_total_tokens=config.rollout.max_total_tokens,
-                                        tool_schema_tokens=self.budget.tool_schema_tokens)  # fmt: skip
-            self.health_log = HealthLog(self.run_dir if acc.is_main_process else None, config.health.fail_on)
-            sampler = PromptSampler(build.num_train_tasks(config, self.envs), config.seed)
-            self.policy: Policy = build.make_policy(config, acc, self.model, self.tokenizer, self.model_path)
-            demonstrator = build.make_demonstrator(config)  # algorithm.guidance (None when it is off)
-            self.rollout = RolloutState(
-                config, acc, self.policy, self.envs, sampler, demonstrator=demonstrator
-            )
-            self.prefetch = Prefetch() if rolls_ahead(config) else None
-            self.sft_data, self.sft_sampler = self._load_sft_data()
-            self._resume(resume_from)
-            # Versions count optimizer steps. A separate sampler gets the weights it must start
-            # from: after a resume always; remote servers at a fresh start too (they may serve
-            # another copy, dtype or run's weights).
-            self.rollout.weights_version = self.step
-            if self.step or config.policy.backend == "remote":
-                sync_weights(self.learner, self.policy, version=self.step, force=True)
-            acc.init_trackers(
-                config.logging.project,
-                config=flat_hparams(config.to_dict()),
-                init_kwargs=trackers.init_kwargs(config.logging, self.run_dir),
-            )
+            self._build_rollout(resume_from)
         except BaseException:
             if hasattr(self, "policy"):
                 self.policy.close()
             self.envs.close()
             raise
+
+    def _start_accelerator(self, resume_from: Path | None) -> Accelerator:
+        """The run's Accelerator, its trackers checked first: a tracker that is misspelt or not
+        installed stops the run before anything is built."""
+        config = self.config
+        log_with = trackers.trackers(
+            config.logging,
+            self.run_dir,
+            first_step=ckpt.read_state(resume_from)["step"] if resume_from else 0,
+        )
+        return distributed.make_accelerator(
+            config.distributed.timeout_s,
+            gradient_accumulation_steps=config.optim.gradient_accumulation_steps,
+            mixed_precision=config.mixed_precision,
+            log_with=log_with or None,
+            project_dir=str(self.run_dir),
+        )
+
+    def _build_rollout(self, resume_from: Path | None) -> None:
+        """Budget, health, policy, demonstrator and rollout state over the started envs; then the
+        resume and the first weight sync."""
+        config, acc = self.config, self.accelerator
+        # before step 1 (and before a vLLM engine starts): a prompt over the budget is an error
+        self.budget = check_run_budget(config, self.envs, self.tokenizer, acc.unwrap_model(self.model).config)
+        self.health = HealthMonitor(config.health, max_total_tokens=config.rollout.max_total_tokens,
+                                    tool_schema_tokens=self.budget.tool_schema_tokens)  # fmt: skip
+        self.health_log = HealthLog(self.run_dir if acc.is_main_process else None, config.health.fail_on)
+        sampler = PromptSampler(build.num_train_tasks(config, self.envs), config.seed)
+        self.policy: Policy = build.make_policy(config, acc, self.model, self.tokenizer, self.model_path)
+        demonstrator = build.make_demonstrator(config)  # algorithm.guidance (None when it is off)
+        self.rollout = RolloutState(config, acc, self.policy, self.envs, sampler, demonstrator=demonstrator)
+        self.prefetch = Prefetch() if rolls_ahead(config) else None
+        self.sft_data, self.sft_sampler = self._load_sft_data()
+        self._resume(resume_from)
+        # Versions count optimizer steps. A separate sampler gets the weights it must start from:
+        # after a resume always; remote servers at a fresh start too (they may serve another copy,
+        # dtype or run's weights).
+        self.rollout.weights_version = self.step
+        if self.step or config.policy.backend == "remote":
+            sync_weights(self.learner, self.policy, version=self.step, force=True)
+        acc.init_trackers(
+            config.logging.project,
+            config=flat_hparams(config.to_dict()),
+            init_kwargs=trackers.init_kwargs(config.logging, self.run_dir),
+        )
 
     def _load_sft_data(self) -> tuple[Any, PromptSampler | None]:
         """``algorithm.name: sft``: the demonstrations as token ids and masks, and their epoch-wise stream."""

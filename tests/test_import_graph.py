@@ -59,7 +59,7 @@ TRAINER_LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "base",
         (
-            "rlf_trainer.names rlf_trainer.seeds rlf_trainer.prompts rlf_trainer.config_sections rlf_trainer.config",
+            "rlf_trainer.names rlf_trainer.seeds rlf_trainer.prompts rlf_trainer.config_sections rlf_trainer.config_errors rlf_trainer.config",
         ),
     ),
     ("engines", ("rlf_trainer.run", "rlf_trainer.policy")),  # processes and generators, unaware of each other

@@ -38,7 +38,6 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,10 +49,10 @@ from rlf_trainer.policy.base import (
     Completion,
     SamplingParams,
     completion_text,
-    inference_state_dict,
     stop_ids_for,
 )
 from rlf_trainer.policy.remote_pool import InferenceServer, ServerPool
+from rlf_trainer.policy.weights_folder import prune_weight_folders, write_weights_folder
 
 if TYPE_CHECKING:
     import torch
@@ -61,7 +60,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_KEEP_FOLDERS = 2  # weight folders kept on disk: the newest, and the one before while servers switch
 _RESUME_AFTER_FAILURE_S = 10.0  # a best-effort resume after a failed update: the server may be gone
 _DEV_MODE_HINT = "vLLM serves its weight-update routes only with VLLM_SERVER_DEV_MODE=1 (rlf-serve always)"
 
@@ -273,7 +271,7 @@ class RemotePolicy:
                 "weights version %d not loaded by %s; it gets them when it is back", version, error
             )
         self.version, self.latest_folder = version, folder
-        _prune_folders(self.weights_dir, keep=folder)
+        prune_weight_folders(self.weights_dir, keep=folder)
 
     async def _push_all(self, folder: Path, version: int) -> list[str | None]:
         return list(await asyncio.gather(*(self._push(s, folder, version) for s in self.pool.servers)))
@@ -407,59 +405,6 @@ def _error_message(payload: Any) -> str:
             error = error.get("message", error)
         return str(error)[:500]
     return str(payload)[:500]
-
-
-def write_weights_folder(model: torch.nn.Module, folder: str | os.PathLike[str]) -> Path:
-    """``model``'s weights as a Hugging Face folder (config + one safetensors file; LoRA merged), atomically.
-
-    Tied tensors are written as separate copies (``lm_head.weight`` beside the input embeddings,
-    which ``save_pretrained`` leaves out): vLLM 0.32's in-place reload from a folder without the
-    head keeps the old head of a model with tied embeddings (measured on the tiny Qwen3: its
-    logprobs were those of the new body under the old head). Written into a temporary sibling and
-    renamed, so a server never reads half a folder.
-
-    Example (a random in-memory Qwen3 with tied embeddings):
-        >>> import tempfile
-        >>> from safetensors import safe_open
-        >>> from transformers import Qwen3Config, Qwen3ForCausalLM
-        >>> config = Qwen3Config(vocab_size=32, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
-        ...                      num_attention_heads=2, num_key_value_heads=1, head_dim=4, tie_word_embeddings=True)
-        >>> folder = write_weights_folder(Qwen3ForCausalLM(config), Path(tempfile.mkdtemp()) / "v000001")
-        >>> sorted(p.name for p in folder.iterdir())
-        ['config.json', 'model.safetensors']
-        >>> "lm_head.weight" in safe_open(folder / "model.safetensors", "pt").keys()
-        True
-    """
-    import torch
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    weights: dict[str, torch.Tensor] = {}
-    storages: set[int] = set()
-    for name, tensor in inference_state_dict(model).items():
-        tensor = tensor.detach().to("cpu").contiguous()
-        if tensor.data_ptr() in storages:  # safetensors stores no shared tensors: a copy of its own
-            tensor = tensor.clone()
-        storages.add(tensor.data_ptr())
-        weights[name] = tensor
-    while isinstance(getattr(model, "module", None), torch.nn.Module):  # DDP / accelerate wrappers
-        model = model.module
-    plain = model.get_base_model() if hasattr(model, "peft_config") else model
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    plain.config.save_pretrained(tmp)
-    save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    if folder.exists():
-        shutil.rmtree(folder)
-    tmp.rename(folder)
-    return folder
-
-
-def _prune_folders(weights_dir: Path, keep: Path) -> None:
-    """Delete older version folders, keeping ``keep`` and the newest others up to :data:`_KEEP_FOLDERS`."""
-    folders = sorted(p for p in weights_dir.glob("v*") if p.is_dir() and p != keep)
-    for old in folders[: max(0, len(folders) - (_KEEP_FOLDERS - 1))]:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 __all__ = [

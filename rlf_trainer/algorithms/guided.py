@@ -26,9 +26,9 @@ def guide(rollout: RolloutState, step: int, collected: Collected) -> tuple[Rollo
     ``guidance/*`` metrics (none when guidance is off: the batch is returned as it is).
 
     Guided groups (:func:`guided_groups`): ``when: all_fail``, those none of whose samples
-    succeeded (:func:`succeeded_episode`); ``always``, every group; each with ``probability``. The demonstrator plays
-    the group's task on the env slot of the group's worst sample, and the demonstration takes that
-    sample's place. Replacing rather than adding a G+1-th keeps every group ``group_size`` long and
+    succeeded (:func:`succeeded_episode`); ``always``, every group; each with ``probability``. The
+    demonstrator plays the group's task on the env slot of the group's worst sample, and the
+    demonstration takes that sample's place. Replacing rather than adding a G+1-th keeps every group ``group_size`` long and
     every process's batch the same size, so the update's collectives stay in step. A demonstration
     that fails itself is dropped (the group keeps its sample): it would add no signal. Refill
     rounds (``algorithm.dynamic_sampling``) are the policy's own; guided groups have signal and stay.

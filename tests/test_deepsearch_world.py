@@ -371,6 +371,7 @@ def test_task_reward_em_f1_and_format_bonus() -> None:
         "f1": 1.0,
         "format": 1.0,
         "evidence": 0.0,  # no search in these episodes
+        "redundant_searches": 0.0,
     }
     assert score("<answer>Nowhere</answer>") == {
         "reward": 0.1,
@@ -378,6 +379,7 @@ def test_task_reward_em_f1_and_format_bonus() -> None:
         "f1": 0.0,
         "format": 1.0,
         "evidence": 0.0,
+        "redundant_searches": 0.0,
     }
     assert score(f"I think it is {gold}") == {
         "reward": 0.0,
@@ -385,6 +387,7 @@ def test_task_reward_em_f1_and_format_bonus() -> None:
         "f1": 0.0,
         "format": 0.0,
         "evidence": 0.0,
+        "redundant_searches": 0.0,
     }
     assert score("<answer>Nowhere</answer>", on=DeepSearchTask(world_seed=0))["reward"] == 0.0
 

@@ -6,7 +6,6 @@ the run clearly, and a resume at staleness 0 is exact."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -137,6 +136,23 @@ def test_pushing_every_other_step_tags_and_drops_by_version(
     assert [r["sampler_kl"] < 1e-3 for r in records] == [True, False, True, False]
 
 
+def kill_after_first_step(trainer: Trainer, server: Any) -> None:
+    """Kill ``server`` once step 1 has pushed its weights: step 2's rollout meets a dead server.
+
+    At a set point, not on a timer: a timer could fire after a fast run had already ended.
+    """
+    run_step = trainer.train_step
+
+    def step_then_kill() -> dict[str, float]:
+        metrics = run_step()
+        if trainer.step == 1:
+            server.kill()
+            server.wait(timeout=30)
+        return metrics
+
+    trainer.train_step = step_then_kill  # type: ignore[method-assign]
+
+
 def test_a_dead_server_is_failed_over_and_a_lone_one_fails_the_run_clearly(
     shared_tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -145,20 +161,18 @@ def test_a_dead_server_is_failed_over_and_a_lone_one_fails_the_run_clearly(
             shared_tiny_model_dir, tmp_path / "two", [a, b], "policy.remote.max_attempts=4"
         )
         trainer = Trainer(config)
-        killer = threading.Timer(1.0, doomed.kill)  # during the run (a rollout, an update or a push)
-        killer.start()
+        kill_after_first_step(trainer, doomed)
         records = trainer.train().records
-        killer.join()
         assert [r["step"] for r in records] == [1, 2, 3]
-        # the kill lands in a rollout (failed-over requests) or in a push (the server left out);
-        # either way the policy knows the server is gone (tests/test_remote_policy.py kills one
-        # with requests in flight for certain)
-        assert records[-1]["remote/servers_up"] == 1 and trainer.policy.pool.servers[0].last_error
+        # step 2's requests to the dead server fail over to the survivor and the pool marks it down
+        # (tests/test_remote_policy.py kills one with requests in flight)
+        assert [r["remote/servers_up"] for r in records] == [2, 1, 1]
+        assert trainer.policy.pool.servers[0].last_error
         assert all(r["sampler_kl"] < 1e-3 for r in records[1:])  # the survivor had every push
 
         config = remote_config(shared_tiny_model_dir, tmp_path / "one", [b], "policy.remote.max_attempts=2")
         lone = Trainer(config)
-        threading.Timer(1.0, survivor.kill).start()
+        kill_after_first_step(lone, survivor)
         with pytest.raises(RemotePolicyError, match=r"no inference server answered|no server took weights"):
             lone.train()
 

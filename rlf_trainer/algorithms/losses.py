@@ -70,8 +70,8 @@ def chunked_selective_log_softmax(
     """``log_softmax(head(hidden))[ids]`` for ``hidden`` ``[m, H]`` and ``ids`` ``[m]``, ``chunk`` rows at a
     time, each chunk's logits recomputed in the backward pass instead of kept: the peak is one
     ``[chunk, V]`` block, never the ``[m, V]`` logits (with a 49k vocabulary, fp32 logits of 4 x 900
-    tokens are 700 MB). ``head`` is the model's output projection; its logits may be bf16, the
-    log-softmax is taken in fp32 (a bf16 logsumexp over a large vocabulary is off by ~1e-2).
+    tokens are 700 MB). ``head`` is the model's output projection; it runs in its weights' dtype (fp32 master
+    weights: fp32 logits) outside any autocast, and the log-softmax in fp32.
     With ``entropy`` also each row's next-token entropy (no gradient).
 
     Example:
@@ -102,8 +102,15 @@ def chunked_selective_log_softmax(
 def _picked_log_softmax(
     rows: Tensor, targets: Tensor, head: Callable[[Tensor], Tensor]
 ) -> tuple[Tensor, Tensor]:
-    """One chunk: the targets' log-probs and (detached, from the same logits) each row's entropy."""
-    logits = head(rows).float()
+    """One chunk: the targets' log-probs and (detached, from the same logits) each row's entropy.
+
+    The projection runs in the head's own dtype even under bf16 autocast: bf16 logits keep 8 bits
+    of mantissa, so a logit near 20 moves in steps of 0.125, which is noise of the size of PPO's
+    clip range in every ratio.
+    """
+    weight = getattr(head, "weight", None)
+    with torch.autocast(rows.device.type, enabled=False):
+        logits = head(rows.to(weight.dtype if weight is not None else torch.float32)).float()
     lse = torch.logsumexp(logits, dim=-1)
     with torch.no_grad():
         row_entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)

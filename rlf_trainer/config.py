@@ -65,7 +65,7 @@ def check_guidance(guidance: GuidanceConfig, algorithm: AlgorithmConfig) -> None
         >>> check_guidance(GuidanceConfig(enabled=True), AlgorithmConfig())
         Traceback (most recent call last):
         ...
-        rlf_trainer.config.ConfigError: algorithm.guidance.enabled needs a demonstrator: algorithm.guidance.demonstrator (deepsearch-oracle or module:callable), or algorithm.guidance.base_url with algorithm.guidance.model
+        rlf_trainer.config.ConfigError: algorithm.guidance.enabled needs a demonstrator: algorithm.guidance.demonstrator (deepsearch-oracle, deepsearch-oracle-kinds or module:callable), or algorithm.guidance.base_url with algorithm.guidance.model
     """
     key = "algorithm.guidance"
     if not guidance.enabled:
@@ -88,13 +88,16 @@ def check_guidance(guidance: GuidanceConfig, algorithm: AlgorithmConfig) -> None
     if bool(guidance.demonstrator) == bool(guidance.base_url):
         raise ConfigError(
             f"{key}.enabled needs {'one' if guidance.demonstrator else 'a'} demonstrator: {key}.demonstrator "
-            f"(deepsearch-oracle or module:callable), or {key}.base_url with {key}.model"
+            f"(deepsearch-oracle, deepsearch-oracle-kinds or module:callable), or {key}.base_url with {key}.model"
         )
     if bool(guidance.base_url) != bool(guidance.model):
         raise ConfigError(f"{key}.base_url and {key}.model go together (the endpoint and its model name)")
-    if guidance.max_hops is not None and guidance.demonstrator != "deepsearch-oracle":
+    from rlf_envs.tasks.deepsearch.oracle import ORACLE_AGENTS
+
+    if guidance.max_hops is not None and guidance.demonstrator not in ORACLE_AGENTS:
         raise ConfigError(
             f"{key}.max_hops limits the scripted DeepSearch oracle: set {key}.demonstrator=deepsearch-oracle"
+            " (or deepsearch-oracle-kinds)"
         )
 
 

@@ -121,7 +121,7 @@ class GuidanceConfig(Section):
     ``f(p) = p / (p + shaping_gamma)`` and no clip (:func:`rlf_trainer.algorithms.losses.policy_shaping_terms`).
 
     The demonstrator is rlf-collect's (:func:`rlf_trainer.data.demonstrations.build_agent`):
-    ``demonstrator`` names a scripted one (``deepsearch-oracle``, with at most ``max_hops``
+    ``demonstrator`` names a scripted one (``deepsearch-oracle`` or ``deepsearch-oracle-kinds``, with at most ``max_hops``
     searches, or ``module:callable``), or ``base_url`` + ``model`` an OpenAI-compatible endpoint
     (sampled at ``temperature``, ``max_tokens`` a turn).
     """

@@ -13,6 +13,9 @@
 #   GRPO_OVERRIDES="$G.enabled=true $G.demonstrator=deepsearch-oracle $G.max_hops=2" scripts/learning_runs.sh deepsearch 0
 #       # GRPO with guidance: the oracle (at most 2 searches) plays a group's question when all its
 #       # samples fail, and its episode joins the group (docs/trainer.md, "Guidance")
+#   ORACLE=deepsearch-oracle-kinds OUT=runs/deepsearch_kinds scripts/learning_runs.sh deepsearch 0 rollout.max_new_tokens=96
+#       # demonstrations (SFT data and guidance alike) that say what kind of thing the question asks
+#       # for and each search found (rlf-collect --agent; its turns run to ~70 tokens); use a new OUT
 #
 # The oracle demonstrations stop at MAX_HOPS searches (default 2: rlf-collect --max-hops): the SFT
 # data never shows a third search, so what the model learns about 3-hop questions comes from GRPO.
@@ -35,17 +38,19 @@ read -r -a GRPO_EXTRA <<< "${GRPO_OVERRIDES:-}"
 ONE_HOP=${ONE_HOP:-120}
 TWO_HOP=${TWO_HOP:-24}
 MAX_HOPS=${MAX_HOPS:-2}
+ORACLE=${ORACLE:-deepsearch-oracle}  # the scripted demonstrator, for the SFT data and for guidance
+GRPO_EXTRA=("algorithm.guidance.demonstrator=$ORACLE" "${GRPO_EXTRA[@]}")  # GRPO_OVERRIDES still win
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$RUN"
 stamp() { echo "== $(date -u +%H:%M:%S) seed $SEED: $*"; }
 
-stamp "collect $ONE_HOP one-hop + $TWO_HOP two-hop oracle demonstrations (train split, at most $MAX_HOPS searches)"
+stamp "collect $ONE_HOP one-hop + $TWO_HOP two-hop $ORACLE demonstrations (train split, at most $MAX_HOPS searches)"
 for spec in "1:$ONE_HOP" "2:$TWO_HOP"; do
   hops=${spec%%:*}
   count=${spec##*:}
   if [[ "$count" -gt 0 ]]; then
-    python -m rlf_trainer.data.demonstrations_cli RLF/DeepSearch-v0 --agent deepsearch-oracle --max-hops "$MAX_HOPS" \
+    python -m rlf_trainer.data.demonstrations_cli RLF/DeepSearch-v0 --agent "$ORACLE" --max-hops "$MAX_HOPS" \
       --where "hops=$hops" \
       --sample "$count" --seed "$SEED" --env-kwargs '{"world_seed": 0, "max_turns": 4, "top_k": 2}' \
       --out "$RUN/sft_data.jsonl" --resume

@@ -48,17 +48,18 @@ DEEPSEARCH = "RLF/DeepSearch-v0"
 # ------------------------------------------------------------------------------------------------
 
 
-def test_hop_limited_oracle_never_answers_a_three_hop_question_right(world):
+@pytest.mark.parametrize("style", ["plain", "kinds"])
+def test_hop_limited_oracle_never_answers_a_three_hop_question_right(world, style):
     """Every question of the world: with max_hops=2 the 1- and 2-hop turns are the full solution,
     and no 3-hop question's final answer matches its golden answers."""
     by_hops: dict[int, int] = {1: 0, 2: 0, 3: 0}
     for question in world.questions:
-        turns = oracle_turns(world, question.id, max_hops=2)
+        turns = oracle_turns(world, question.id, max_hops=2, style=style)
         answer = turns[-1].split("<answer>")[1].split("</answer>")[0]
         searches = sum("<tool_call>" in turn for turn in turns)
         assert searches == min(question.hops, 2)
         if question.hops < 3:
-            assert turns == oracle_turns(world, question.id)  # below the limit nothing changes
+            assert turns == oracle_turns(world, question.id, style=style)  # below the limit nothing changes
         assert exact_match(answer, list(question.golden_answers)) == (question.hops < 3), question.id
         by_hops[question.hops] += 1
     assert min(by_hops.values()) > 0
@@ -66,9 +67,23 @@ def test_hop_limited_oracle_never_answers_a_three_hop_question_right(world):
         DeepSearchOracle(0, max_hops=0)
 
 
-def test_hop_limited_oracle_in_the_real_env_scores_one_and_two_hops_only(tmp_path):
+def test_the_kinds_rule_solves_every_question_at_every_hop_count(world):
+    """``style="kinds"`` searches again exactly while the kind it found differs from the kind the
+    question asks for: on every question of the world that rule takes ``hops`` searches, so what it
+    shows on 1 and 2 hops also answers 3."""
+    for question in world.questions:
+        turns = oracle_turns(world, question.id, style="kinds")
+        asked = turns[0].split("The question asks for a ")[1].split(".")[0]
+        found = [turn.split(" is a ")[1].split(",")[0] for turn in turns[1:]]
+        assert [kind == asked for kind in found] == [False] * (question.hops - 1) + [True], question.id
+        assert sum("<tool_call>" in turn for turn in turns) == question.hops
+        assert turns[-1].endswith(f"<answer>{question.golden_answers[0]}</answer>")
+
+
+@pytest.mark.parametrize("agent_name", ["deepsearch-oracle", "deepsearch-oracle-kinds"])
+def test_hop_limited_oracle_in_the_real_env_scores_one_and_two_hops_only(tmp_path, agent_name):
     task = DeepSearchTask(world_seed=0)
-    agent = ScriptedAgent(DeepSearchOracle(world_seed=0, max_hops=2))
+    agent = build_agent(agent_name, env_kwargs={"world_seed": 0}, max_hops=2)
     for hops, expected in ((1, 1.0), (2, 1.0), (3, 0.0)):
         picked = select_tasks(task, "train", {"hops": [str(hops)]}, limit=2)
         out = tmp_path / f"hops{hops}.jsonl"

@@ -183,7 +183,9 @@ def build_agent(spec: str | None = None, *, base_url: str | None = None, model: 
     """The agent the command line names: ``--agent`` (scripted), ``--base-url``/``--model``, or ``--model-path``.
 
     ``spec`` is ``deepsearch-oracle`` (the generated world's oracle, for ``world_seed`` in
-    ``env_kwargs``, searching at most ``max_hops`` times) or ``module:callable`` naming a scripted
+    ``env_kwargs``, searching at most ``max_hops`` times), ``deepsearch-oracle-kinds`` (the same
+    searches, saying what kind of thing the question asks for and each search found:
+    :func:`~rlf_envs.tasks.deepsearch.oracle.oracle_turns`) or ``module:callable`` naming a scripted
     ``fn(messages, info) -> str``. GRPO guidance (``algorithm.guidance``) builds its demonstrator here too.
 
     Example:
@@ -198,9 +200,12 @@ def build_agent(spec: str | None = None, *, base_url: str | None = None, model: 
     chosen = [x for x in (spec, base_url, model_path) if x]
     if len(chosen) != 1:
         raise CollectError("name one agent: --agent, --base-url with --model, or --model-path")
-    if max_hops is not None and spec != "deepsearch-oracle":
+    from rlf_envs.tasks.deepsearch.oracle import ORACLE_AGENTS, DeepSearchOracle
+
+    if max_hops is not None and spec not in ORACLE_AGENTS:
         raise CollectError(
             "--max-hops limits the scripted DeepSearch oracle: use it with --agent deepsearch-oracle"
+            " (or deepsearch-oracle-kinds)"
         )
     if base_url:
         if not model:
@@ -211,16 +216,16 @@ def build_agent(spec: str | None = None, *, base_url: str | None = None, model: 
             raise CollectError(f"--model-path {model_path} is not a model folder")
         return LocalModelAgent(model_path, temperature=temperature, max_new_tokens=max_tokens)
     assert spec is not None
-    if spec == "deepsearch-oracle":
-        from rlf_envs.tasks.deepsearch.oracle import DeepSearchOracle
-
+    if spec in ORACLE_AGENTS:
         if max_hops is not None and max_hops < 1:
             raise CollectError(f"--max-hops must be >= 1, got {max_hops}")
         world_seed = int((env_kwargs or {}).get("world_seed", 0))
-        return ScriptedAgent(DeepSearchOracle(world_seed=world_seed, max_hops=max_hops))
+        oracle = DeepSearchOracle(world_seed=world_seed, max_hops=max_hops, style=ORACLE_AGENTS[spec])
+        return ScriptedAgent(oracle)
     module, _, attr = spec.partition(":")
     if not attr:
-        raise CollectError(f"--agent {spec!r}: use 'deepsearch-oracle' or 'module:callable'")
+        names = " or ".join(repr(name) for name in ORACLE_AGENTS)
+        raise CollectError(f"--agent {spec!r}: use {names}, or 'module:callable'")
     try:
         fn = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as exc:

@@ -33,12 +33,15 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlf-collect", description=__doc__.splitlines()[0])
     p.add_argument("env_id", help="a registered env id, e.g. RLF/DeepSearch-v0")
     p.add_argument("--out", required=True, help="JSONL file to write (or append to with --resume)")
-    p.add_argument("--agent", help="scripted agent: 'deepsearch-oracle' or 'module:callable'")
+    p.add_argument(
+        "--agent",
+        help="scripted agent: 'deepsearch-oracle', 'deepsearch-oracle-kinds' (says what kind of thing each search found) or 'module:callable'",
+    )
     p.add_argument("--base-url", help="an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--model", help="the endpoint's model name (with --base-url)")
     p.add_argument("--model-path", help="a local Hugging Face model folder")
     p.add_argument("--max-hops", type=int,
-                   help="deepsearch-oracle: search at most this many times (a question with more hops is "
+                   help="deepsearch-oracle(-kinds): search at most this many times (a question with more hops is "
                         "answered after them, wrongly, and not kept at --threshold 1)")  # fmt: skip
     p.add_argument("--split", default="train", help="the task split to play (default: train)")
     p.add_argument("--where", action="append", default=[], metavar="KEY=V1,V2",

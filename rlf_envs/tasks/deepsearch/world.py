@@ -103,10 +103,15 @@ class Question:
 
 
 class OracleSolution(NamedTuple):
-    """What an oracle agent does: search each entity name along the chain, then answer."""
+    """What an oracle agent does: search each entity name along the chain, then answer.
+
+    ``relations``: the relation each hop follows (``queries[i]``'s document states
+    ``relations[i]``, which leads to ``queries[i + 1]`` or, at the last hop, to the answer).
+    """
 
     queries: list[str]
     answer: str
+    relations: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -196,6 +201,8 @@ _TEMPLATES = (
         "What is the capital of the country where the {name} rises?",
     ),
 )
+
+_TEMPLATES_BY_NAME = {template.name: template for template in _TEMPLATES}
 
 # --- vocabulary for prose ---------------------------------------------------------------------
 
@@ -314,7 +321,8 @@ class World:
         """
         question = self.question(question_id)
         queries = [self.entities[doc_id].name for doc_id in question.supporting_doc_ids]
-        return OracleSolution(queries=queries, answer=question.golden_answers[0])
+        relations = _TEMPLATES_BY_NAME[question.template].relations
+        return OracleSolution(queries=queries, answer=question.golden_answers[0], relations=relations)
 
     def to_instances(self, split: str) -> list[TaskInstance]:
         """The questions of a split as task instances (``answer`` = list of golden answers)."""

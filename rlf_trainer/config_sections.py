@@ -207,7 +207,8 @@ class OptimConfig(Section):
     """AdamW with warmup and a schedule (``transformers.get_scheduler``, see :mod:`rlf_trainer.run.schedule`).
 
     ``gradient_accumulation_steps``: each process's batch is split into this many micro-batches per
-    optimizer step (micro-batch size = ceil(sequences per process / steps)).
+    optimizer step (micro-batch size = ceil(sequences per process / steps)). ``stochastic_rounding``:
+    see :mod:`rlf_trainer.run.bf16_rounding` (a run computing in fp32 ignores it).
     """
 
     lr: Number = Field(1e-6, gt=0)
@@ -220,6 +221,10 @@ class OptimConfig(Section):
     adam_eps: Number = Field(1e-8, gt=0)
     max_grad_norm: Number = Field(1.0, ge=0)
     gradient_accumulation_steps: int = Field(1, ge=1)
+    # bf16 runs only: round the fp32 master weights to bf16 values stochastically after each step,
+    # so that updates smaller than half a bf16 spacing still reach the bf16 sampler and forward
+    # (rlf_trainer/run/bf16_rounding.py)
+    stochastic_rounding: bool = False
 
 
 class LoraConfig(Section):

@@ -362,6 +362,30 @@ def test_bf16_keeps_float32_weights_and_samples_with_a_synced_bf16_copy(tiny_mod
     assert first["grad_norm"] > 0 and 0 <= first["sampler_kl"] < 1e-2
 
 
+def test_bf16_with_stochastic_rounding_trains_bf16_valued_master_weights(tiny_model_dir, tmp_path):
+    """``optim.stochastic_rounding``: after each step the fp32 master weights are bf16 values, so the
+    bf16 sampling copy holds exactly the trained weights; fp32 runs ignore the setting."""
+    from rlf_trainer.algorithms.optimize import rounds_stochastically
+    from rlf_trainer.run.bf16_rounding import is_bf16_valued
+
+    overrides = ("max_steps=2", "eval.every=0", "checkpoint.every=0", "optim.stochastic_rounding=true")
+    trainer = Trainer(tiny_config(tiny_model_dir, tmp_path, *overrides, "mixed_precision=bf16"))
+    try:
+        start = {k: v.clone() for k, v in model_params(trainer).items()}
+        assert not all(is_bf16_valued(v) for v in start.values())  # the tiny model is initialised in fp32
+        trainer.train_step()
+        trainer.train_step()
+        params, sampler = model_params(trainer), trainer.policy.model.state_dict()
+        assert all(v.dtype == torch.float32 and is_bf16_valued(v) for v in params.values())
+        assert all(torch.equal(sampler[name].float(), value) for name, value in params.items())
+        assert any(not torch.equal(value, start[name]) for name, value in params.items())
+    finally:
+        trainer.close()
+    config = trainer.config.model_copy(deep=True)
+    config.mixed_precision = "no"  # resolved, as the trainer leaves it
+    assert rounds_stochastically(trainer.config) and not rounds_stochastically(config)
+
+
 def _checkpoint_params(path: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 

@@ -16,6 +16,7 @@ import torch
 
 from rlf_trainer.algorithms.losses import chunked_selective_log_softmax, selective_log_softmax, token_entropy
 from rlf_trainer.config import Config
+from rlf_trainer.run.bf16_rounding import round_master_weights_
 from rlf_trainer.run.distributed import full_parameters
 
 
@@ -54,12 +55,32 @@ def step_optimizer(learner: Learner, micro_loss: Callable[[int], tuple[torch.Ten
                 grad_norm = float(norm_value) if norm_value is not None else None
             learner.optimizer.step()
             learner.optimizer.zero_grad(set_to_none=True)
+            if acc.sync_gradients and rounds_stochastically(learner.config):
+                round_master_weights_(
+                    model.parameters(), learner.config.seed, optimizer_steps(learner.optimizer)
+                )
     if not acc.sync_gradients:
         raise RuntimeError(
             "gradient accumulation went out of step with the micro-batches: an optimizer step must "
             "be exactly gradient_accumulation_steps micro-batches"
         )
     return grad_norm
+
+
+def rounds_stochastically(config: Config) -> bool:
+    """``optim.stochastic_rounding`` in a run that computes in bf16 (``mixed_precision`` resolved)."""
+    return config.optim.stochastic_rounding and config.mixed_precision == "bf16"
+
+
+def optimizer_steps(optimizer: Any) -> int:
+    """The optimizer steps taken so far, from the optimizer's own state (restored on resume): the
+    ``step`` that Adam-family optimizers keep per parameter (0 for one that keeps none)."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            step = optimizer.state.get(param, {}).get("step")
+            if step is not None:
+                return int(step)
+    return 0
 
 
 @dataclass

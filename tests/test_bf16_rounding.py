@@ -41,3 +41,20 @@ def test_master_weights_round_alike_for_a_seed_and_step_and_skip_frozen_ones():
     assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))  # every process, a resume
     assert not all(torch.equal(a, b) for a, b in zip(first[:2], other_step[:2], strict=True))
     assert all(is_bf16_valued(p) for p in first[:2]) and not is_bf16_valued(first[2])  # frozen: untouched
+
+
+def test_only_what_autocast_casts_is_rounded():
+    """The linear layers' weights and biases; not the norms, the embedding or the output projection."""
+    from rlf_trainer.run.bf16_rounding import autocast_matmul_parameters
+
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.norm = torch.nn.Embedding(10, 4), torch.nn.LayerNorm(4)
+            self.proj, self.head = torch.nn.Linear(4, 4), torch.nn.Linear(4, 10, bias=False)
+
+        def get_output_embeddings(self) -> torch.nn.Module:
+            return self.head
+
+    model = Tiny()
+    assert [id(p) for p in autocast_matmul_parameters(model)] == [id(model.proj.weight), id(model.proj.bias)]

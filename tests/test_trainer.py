@@ -362,23 +362,30 @@ def test_bf16_keeps_float32_weights_and_samples_with_a_synced_bf16_copy(tiny_mod
     assert first["grad_norm"] > 0 and 0 <= first["sampler_kl"] < 1e-2
 
 
-def test_bf16_with_stochastic_rounding_trains_bf16_valued_master_weights(tiny_model_dir, tmp_path):
-    """``optim.stochastic_rounding``: after each step the fp32 master weights are bf16 values, so the
-    bf16 sampling copy holds exactly the trained weights; fp32 runs ignore the setting."""
+def test_bf16_with_stochastic_rounding_keeps_the_cast_weights_on_bf16_values(tiny_model_dir, tmp_path):
+    """``optim.stochastic_rounding``: after each step the weights that autocast casts (the linear
+    layers) are bf16 values, so the bf16 sampling copy holds exactly those trained weights; the
+    ones the update uses in fp32 (norms, embeddings) keep their fp32 updates; fp32 runs round nothing."""
     from rlf_trainer.algorithms.optimize import rounds_stochastically
-    from rlf_trainer.run.bf16_rounding import is_bf16_valued
+    from rlf_trainer.run.bf16_rounding import autocast_matmul_parameters, is_bf16_valued
 
     overrides = ("max_steps=2", "eval.every=0", "checkpoint.every=0", "optim.stochastic_rounding=true")
     trainer = Trainer(tiny_config(tiny_model_dir, tmp_path, *overrides, "mixed_precision=bf16"))
     try:
+        trained = trainer.accelerator.unwrap_model(trainer.model)
+        cast = {id(p) for p in autocast_matmul_parameters(trainer.model)}
+        names = {name for name, p in trained.named_parameters() if id(p) in cast}
+        assert names and all(".mlp." in n or ".self_attn." in n for n in names)
         start = {k: v.clone() for k, v in model_params(trainer).items()}
-        assert not all(is_bf16_valued(v) for v in start.values())  # the tiny model is initialised in fp32
+        assert not all(is_bf16_valued(start[n]) for n in names)  # the tiny model is initialised in fp32
         trainer.train_step()
         trainer.train_step()
         params, sampler = model_params(trainer), trainer.policy.model.state_dict()
-        assert all(v.dtype == torch.float32 and is_bf16_valued(v) for v in params.values())
-        assert all(torch.equal(sampler[name].float(), value) for name, value in params.items())
-        assert any(not torch.equal(value, start[name]) for name, value in params.items())
+        assert all(params[n].dtype == torch.float32 and is_bf16_valued(params[n]) for n in names)
+        assert all(torch.equal(sampler[n].float(), params[n]) for n in names)
+        assert any(not torch.equal(params[n], start[n]) for n in names)
+        norms = [n for n in params if "norm" in n]
+        assert any(not is_bf16_valued(params[n]) for n in norms)  # updated in fp32, not rounded
     finally:
         trainer.close()
     config = trainer.config.model_copy(deep=True)

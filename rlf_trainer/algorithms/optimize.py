@@ -16,7 +16,7 @@ import torch
 
 from rlf_trainer.algorithms.losses import chunked_selective_log_softmax, selective_log_softmax, token_entropy
 from rlf_trainer.config import Config
-from rlf_trainer.run.bf16_rounding import round_master_weights_
+from rlf_trainer.run.bf16_rounding import autocast_matmul_parameters, round_master_weights_
 from rlf_trainer.run.distributed import full_parameters
 
 
@@ -57,7 +57,7 @@ def step_optimizer(learner: Learner, micro_loss: Callable[[int], tuple[torch.Ten
             learner.optimizer.zero_grad(set_to_none=True)
             if acc.sync_gradients and rounds_stochastically(learner.config):
                 round_master_weights_(
-                    model.parameters(), learner.config.seed, optimizer_steps(learner.optimizer)
+                    autocast_matmul_parameters(model), learner.config.seed, optimizer_steps(learner.optimizer)
                 )
     if not acc.sync_gradients:
         raise RuntimeError(

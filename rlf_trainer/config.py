@@ -14,7 +14,7 @@ Example:
     >>> load_config(None, ["optim.lrr=1"])
     Traceback (most recent call last):
     ...
-    rlf_trainer.config.ConfigError: unknown key 'optim.lrr' (did you mean 'optim.lr'?); valid keys in 'optim': adam_beta1, adam_beta2, adam_eps, gradient_accumulation_steps, lr, max_grad_norm, min_lr_ratio, schedule, warmup_steps, weight_decay
+    rlf_trainer.config.ConfigError: unknown key 'optim.lrr' (did you mean 'optim.lr'?); valid keys in 'optim': adam_beta1, adam_beta2, adam_eps, gradient_accumulation_steps, lr, max_grad_norm, min_lr_ratio, schedule, stochastic_rounding, warmup_steps, weight_decay
 """
 
 from __future__ import annotations

@@ -221,10 +221,10 @@ class OptimConfig(Section):
     adam_eps: Number = Field(1e-8, gt=0)
     max_grad_norm: Number = Field(1.0, ge=0)
     gradient_accumulation_steps: int = Field(1, ge=1)
-    # bf16 runs only: round the fp32 master weights to bf16 values stochastically after each step,
-    # so that updates smaller than half a bf16 spacing still reach the bf16 sampler and forward
-    # (rlf_trainer/run/bf16_rounding.py)
-    stochastic_rounding: bool = False
+    # bf16 runs only: round the linear layers' fp32 master weights to bf16 values stochastically
+    # after each step, so that updates smaller than half a bf16 spacing still reach the bf16 sampler
+    # and forward (rlf_trainer/run/bf16_rounding.py; without it the codebook runs learned less in bf16)
+    stochastic_rounding: bool = True
 
 
 class LoraConfig(Section):

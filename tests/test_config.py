@@ -71,7 +71,7 @@ def test_overrides_follow_yaml_rules_and_win_over_the_file(tmp_path):
 
 OPTIM_KEYS = (
     "adam_beta1, adam_beta2, adam_eps, gradient_accumulation_steps, lr, max_grad_norm, min_lr_ratio, "
-    "schedule, warmup_steps, weight_decay"
+    "schedule, stochastic_rounding, warmup_steps, weight_decay"
 )
 TOP_KEYS = (
     "algorithm, checkpoint, distributed, env, eval, gradient_checkpointing, health, logging, lora, max_steps, "

@@ -13,9 +13,10 @@
 #   GRPO_OVERRIDES="$G.enabled=true $G.demonstrator=deepsearch-oracle $G.max_hops=2" scripts/learning_runs.sh deepsearch 0
 #       # GRPO with guidance: the oracle (at most 2 searches) plays a group's question when all its
 #       # samples fail, and its episode joins the group (docs/trainer.md, "Guidance")
-#   ORACLE=deepsearch-oracle-kinds OUT=runs/deepsearch_kinds scripts/learning_runs.sh deepsearch 0 rollout.max_new_tokens=96
-#       # demonstrations (SFT data and guidance alike) that say what kind of thing the question asks
-#       # for and each search found (rlf-collect --agent; its turns run to ~70 tokens); use a new OUT
+#   ORACLE=deepsearch-oracle OUT=runs/deepsearch_plain scripts/learning_runs.sh deepsearch 0 rollout.max_new_tokens=64
+#       # the recipe of 2026-12-06's earlier runs: demonstrations that only say what they look up
+#       # (the default, deepsearch-oracle-kinds, also says what kind of thing the question asks for
+#       # and each search found); use a new OUT
 #
 # The oracle demonstrations stop at MAX_HOPS searches (default 2: rlf-collect --max-hops): the SFT
 # data never shows a third search, so what the model learns about 3-hop questions comes from GRPO.
@@ -38,7 +39,7 @@ read -r -a GRPO_EXTRA <<< "${GRPO_OVERRIDES:-}"
 ONE_HOP=${ONE_HOP:-120}
 TWO_HOP=${TWO_HOP:-24}
 MAX_HOPS=${MAX_HOPS:-2}
-ORACLE=${ORACLE:-deepsearch-oracle}  # the scripted demonstrator, for the SFT data and for guidance
+ORACLE=${ORACLE:-deepsearch-oracle-kinds}  # the scripted demonstrator, for the SFT data and for guidance
 GRPO_EXTRA=("algorithm.guidance.demonstrator=$ORACLE" "${GRPO_EXTRA[@]}")  # GRPO_OVERRIDES still win
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"

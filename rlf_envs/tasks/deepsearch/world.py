@@ -394,7 +394,7 @@ class World:
             self._check_question(question)
 
     def _check_question(self, question: Question) -> None:
-        template = next(t for t in _TEMPLATES if t.name == question.template)
+        template = _TEMPLATES_BY_NAME[question.template]
         if question.hops != len(template.relations) or len(question.supporting_doc_ids) != question.hops:
             raise WorldConsistencyError(f"{question.id}: hops do not match its template")
         current = self.entities[question.supporting_doc_ids[0]]

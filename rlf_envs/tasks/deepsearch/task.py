@@ -25,6 +25,7 @@ from rlf_envs.rewards.rules import get_rule_reward
 from rlf_envs.servers.launch import stdio_server_entry
 from rlf_envs.tasks.deepsearch.data import load_qa_splits, read_corpus
 from rlf_envs.tasks.deepsearch.index import build_index_dir, default_cache_dir, ensure_world_index, read_meta
+from rlf_envs.tasks.deepsearch.kind_claims import false_kind_claims
 from rlf_envs.tasks.deepsearch.world import World, generate_world
 from rlf_envs.types import Episode, RewardValue, TaskInstance
 
@@ -66,6 +67,11 @@ class DeepSearchTask(Task):
             a 1-hop answer after one search then scores above the same answer after two, so a group
             that always succeeds still teaches when to stop searching. ``redundant_searches`` in the
             reward info counts them for every episode of the generated world.
+        kind_claim_cost: subtracted from the reward per statement of the kinds oracle's wording ("X is a
+            city, not a capital.", "The question asks for a country.") that the generated world
+            contradicts (:mod:`~rlf_envs.tasks.deepsearch.kind_claims`): without it GRPO learned to
+            license needless searches with claims like "Roril is a city, not a city proper".
+            ``false_kind_claims`` in the reward info counts them for every episode of the generated world.
         max_turns: assistant turns before the episode is truncated.
         top_k: documents a search returns when the model does not pass ``top_k``.
         train_hops: keep only train questions with these hop counts (e.g. ``[2, 3]`` for an RL stage
@@ -88,6 +94,7 @@ class DeepSearchTask(Task):
         format_reward: float = 0.0,
         evidence_reward: float = 0.0,
         redundant_search_cost: float = 0.0,
+        kind_claim_cost: float = 0.0,
         max_turns: int = 4,
         top_k: int = 3,
         cache_dir: str | Path | None = None,
@@ -118,6 +125,7 @@ class DeepSearchTask(Task):
         self.format_reward = float(format_reward)
         self.evidence_reward = float(evidence_reward)
         self.redundant_search_cost = float(redundant_search_cost)
+        self.kind_claim_cost = float(kind_claim_cost)
         self.max_turns = max_turns
         self.top_k = top_k
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
@@ -204,6 +212,10 @@ class DeepSearchTask(Task):
             )
             if wrong:
                 scores["reward"] = scores["reward"] + self.evidence_reward * evidence
+            said = [str(m.get("content") or "") for m in episode.messages if m.get("role") == "assistant"]
+            false_claims = false_kind_claims(self.world, episode.instance.id, said)
+            scores["false_kind_claims"] = float(false_claims)
+            scores["reward"] = scores["reward"] - self.kind_claim_cost * false_claims
         return scores
 
     def turn_reward(

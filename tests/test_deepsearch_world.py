@@ -29,6 +29,8 @@ from rlf_envs.tasks.deepsearch.index import (
     ensure_world_index,
     read_meta,
 )
+from rlf_envs.tasks.deepsearch.kind_claims import false_kind_claims
+from rlf_envs.tasks.deepsearch.oracle import oracle_turns
 from rlf_envs.tasks.deepsearch.task import DeepSearchTask
 from rlf_envs.tasks.deepsearch.world import World, WorldConsistencyError, generate_world
 from rlf_envs.types import Episode
@@ -372,6 +374,7 @@ def test_task_reward_em_f1_and_format_bonus() -> None:
         "format": 1.0,
         "evidence": 0.0,  # no search in these episodes
         "redundant_searches": 0.0,
+        "false_kind_claims": 0.0,
     }
     assert score("<answer>Nowhere</answer>") == {
         "reward": 0.1,
@@ -380,6 +383,7 @@ def test_task_reward_em_f1_and_format_bonus() -> None:
         "format": 1.0,
         "evidence": 0.0,
         "redundant_searches": 0.0,
+        "false_kind_claims": 0.0,
     }
     assert score(f"I think it is {gold}") == {
         "reward": 0.0,
@@ -388,8 +392,41 @@ def test_task_reward_em_f1_and_format_bonus() -> None:
         "format": 0.0,
         "evidence": 0.0,
         "redundant_searches": 0.0,
+        "false_kind_claims": 0.0,
     }
     assert score("<answer>Nowhere</answer>", on=DeepSearchTask(world_seed=0))["reward"] == 0.0
+
+
+def test_kind_claims_the_world_contradicts_are_counted(world: World) -> None:
+    """The kinds oracle's statements are all true on every question of the world (with and without
+    its hop limit); each kind of false statement GRPO was seen to make counts once."""
+    for question in world.questions:
+        for max_hops in (None, 2, 1):
+            turns = oracle_turns(world, question.id, max_hops=max_hops, style="kinds")
+            assert false_kind_claims(world, question.id, turns) == 0, (question.id, max_hops)
+    question = next(
+        q for q in world.questions if q.hops == 3 and q.question.startswith("What is the capital")
+    )
+    city, country = world.solve(question.id).queries[1:]
+    capital = question.golden_answers[0]
+    false_statements = [
+        "The question asks for a city. I need to look up X.",  # it asks for a capital
+        f"{city} is a country, not a capital. I need to look up {city}.",  # a city
+        f"{city} is a city, not a city proper. I need to look up {city}.",  # not the kind asked
+        f"{country} is a capital, not a capital.",  # contradicts itself
+        f"{city} is a city, as the question asks.",  # it asks for a capital
+        "Nowhereland is a capital, as the question asks.",  # no such name
+    ]
+    for statement in false_statements:
+        assert false_kind_claims(world, question.id, [statement]) == 1, statement
+    assert false_kind_claims(world, question.id, [f"{capital} is a capital, as the question asks."]) == 0
+    assert false_kind_claims(world, question.id, ["Free text: Sugli is a city. Maybe."]) == 0  # not judged
+    task = DeepSearchTask(world_seed=0, kind_claim_cost=0.3)
+    said = [{"role": "assistant", "content": statement} for statement in false_statements[:2]]
+    instance = next(i for i in task.instances(question.split) if i.id == question.id)
+    episode = Episode(instance, said, false_statements[1], None, [], 2, terminated=True, truncated=False)
+    scores = asyncio.run(task.reward(episode))
+    assert (scores["false_kind_claims"], scores["reward"]) == (2.0, pytest.approx(-0.6))
 
 
 def test_task_instances_prompt_and_mcp_config(tmp_path: Path, world: World) -> None:

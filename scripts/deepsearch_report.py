@@ -31,6 +31,7 @@ import argparse
 import json
 import shutil
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,9 +83,15 @@ def sampled_figures(run: Path, folder: str) -> dict[str, float]:
     return figures
 
 
-def train_by_hops(samples: list[dict[str, Any]], hops_of: dict[str, int], steps: int) -> dict[str, Any]:
+def train_by_hops(
+    samples: list[dict[str, Any]],
+    hops_of: dict[str, int],
+    steps: int,
+    false_claims: Callable[[dict[str, Any]], int] | None = None,
+) -> dict[str, Any]:
     """Per hop count and per half of the run: groups, the policy's own reward / EM / searches, and
-    the share of groups a demonstration joined (``demonstration`` rows are not the policy's).
+    the share of groups a demonstration joined (``demonstration`` rows are not the policy's);
+    with ``false_claims`` (a row -> its count of false kind statements), their mean per episode.
 
     Example:
         >>> rows = [{"step": 1, "task_id": "a", "group": 0, "reward": 1.0, "reward_info": {"em": 1.0},
@@ -121,20 +128,24 @@ def train_by_hops(samples: list[dict[str, Any]], hops_of: dict[str, int], steps:
             ]
             if redundant:  # searches after every supporting document was shown (newer runs report them)
                 figures["redundant"] = round(statistics.fmean(redundant), 3)
+            if false_claims is not None:
+                figures["false_claims"] = round(statistics.fmean(false_claims(r) for r in own), 3)
     return out
 
 
 def train_table(train: dict[str, Any]) -> str:
     """GRPO's train episodes per seed, hop count and half of the run, as a markdown table."""
-    lines = ["| seed | hops | steps | groups | own reward | own EM | searches / episode | redundant searches | guided groups |",
-             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| seed | hops | steps | groups | own reward | own EM | searches / episode | redundant searches | "
+             "false kind statements / episode | guided groups |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for seed, by_hops in train.items():
         for hops, halves in by_hops.items():
             for steps, f in halves.items():
                 redundant = f"{f['redundant']:.2f}" if "redundant" in f else "-"
+                claims = f"{f['false_claims']:.2f}" if "false_claims" in f else "-"
                 lines.append(f"| {seed} | {hops.removeprefix('hops')} | {steps.removeprefix('steps ')} | "
                              f"{f['groups']} | {f['reward']:.3f} | {f['em']:.3f} | {f['searches']:.2f} | "
-                             f"{redundant} | {f['guided']:.2f} |")  # fmt: skip
+                             f"{redundant} | {claims} | {f['guided']:.2f} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -211,15 +222,23 @@ def summarise(out: Path, grpo_run: str = "grpo", world_seed: int | None = None) 
         summary[stage]["mean_std"] = {k: mean_std(summary[stage][k]) for k in keys}
     summary["targets"] = targets(summary)
     if world_seed is not None:
+        from rlf_envs.tasks.deepsearch.kind_claims import false_kind_claims
         from rlf_envs.tasks.deepsearch.world import generate_world
 
-        hops_of = {q.id: q.hops for q in generate_world(world_seed).questions}
+        world = generate_world(world_seed)
+        hops_of = {q.id: q.hops for q in world.questions}
+
+        def false_claims(row: dict[str, Any]) -> int:  # judged on the transcript: older runs too
+            said = [m.get("content") or "" for m in row.get("transcript", []) if m.get("role") == "assistant"]
+            return false_kind_claims(world, row["task_id"], said)
+
         summary["train"] = {}
         for run in runs:
             samples = read_jsonl(run / grpo_run / "train_samples.jsonl")
             if samples:
                 steps = max(r["step"] for r in samples)
-                summary["train"][run.name.removeprefix("seed")] = train_by_hops(samples, hops_of, steps)
+                by_hops = train_by_hops(samples, hops_of, steps, false_claims)
+                summary["train"][run.name.removeprefix("seed")] = by_hops
     return summary
 
 

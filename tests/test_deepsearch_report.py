@@ -98,6 +98,7 @@ def test_targets_hold_per_seed_on_three_seeds_and_the_baseline_is_read(tmp_path:
              "tool_calls": calls, "demonstration": demo}
             for step, reward, calls, demo in ((1, 1.0, 1, False), (2, 0.0, 2, False), (2, 1.0, 1, True))]  # fmt: skip
     rows[1]["reward_info"]["redundant_searches"] = 1.0  # runs since redundant_search_cost report it
+    rows[1]["transcript"] = [{"role": "assistant", "content": "The question asks for a river."}]  # never true
     (tmp_path / "seed0" / "grpo" / "train_samples.jsonl").write_text(
         "".join(json.dumps(r) + "\n" for r in rows)
     )
@@ -109,10 +110,11 @@ def test_targets_hold_per_seed_on_three_seeds_and_the_baseline_is_read(tmp_path:
         "searches": 2.0,
         "guided": 1.0,
         "redundant": 1.0,
+        "false_claims": 1.0,
     }
     table = report.train_table(train)
-    assert "| 0 | 1 | 1-1 | 1 | 1.000 | 1.000 | 1.00 | - | 0.00 |" in table
-    assert "| 0 | 1 | 2-2 | 1 | 0.000 | 0.000 | 2.00 | 1.00 | 1.00 |" in table
+    assert "| 0 | 1 | 1-1 | 1 | 1.000 | 1.000 | 1.00 | - | 0.00 | 0.00 |" in table
+    assert "| 0 | 1 | 2-2 | 1 | 0.000 | 0.000 | 2.00 | 1.00 | 1.00 | 1.00 |" in table
     write_seed(tmp_path / "lost", 0, sft=(0.9, 0.0, 0.0), grpo=(0.8, 0.9, 0.9))
     for seed in (1, 2):
         write_seed(tmp_path / "lost", seed, sft=(0.9, 0.0, 0.0), grpo=(0.9, 0.9, 0.9))

@@ -85,19 +85,19 @@ def check_guidance(guidance: GuidanceConfig, algorithm: AlgorithmConfig) -> None
         raise ConfigError(
             f"{key}.probability=0 never guides a group: set it in (0, 1] or turn {key}.enabled off"
         )
+    from rlf_envs.tasks.deepsearch.oracle import ORACLE_AGENTS
+
+    oracles = ", ".join(ORACLE_AGENTS)
     if bool(guidance.demonstrator) == bool(guidance.base_url):
         raise ConfigError(
             f"{key}.enabled needs {'one' if guidance.demonstrator else 'a'} demonstrator: {key}.demonstrator "
-            f"(deepsearch-oracle, deepsearch-oracle-kinds or module:callable), or {key}.base_url with {key}.model"
+            f"({oracles} or module:callable), or {key}.base_url with {key}.model"
         )
     if bool(guidance.base_url) != bool(guidance.model):
         raise ConfigError(f"{key}.base_url and {key}.model go together (the endpoint and its model name)")
-    from rlf_envs.tasks.deepsearch.oracle import ORACLE_AGENTS
-
     if guidance.max_hops is not None and guidance.demonstrator not in ORACLE_AGENTS:
         raise ConfigError(
-            f"{key}.max_hops limits the scripted DeepSearch oracle: set {key}.demonstrator=deepsearch-oracle"
-            " (or deepsearch-oracle-kinds)"
+            f"{key}.max_hops limits the scripted DeepSearch oracle: set {key}.demonstrator to one of {oracles}"
         )
 
 

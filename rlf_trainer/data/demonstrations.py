@@ -204,8 +204,7 @@ def build_agent(spec: str | None = None, *, base_url: str | None = None, model: 
 
     if max_hops is not None and spec not in ORACLE_AGENTS:
         raise CollectError(
-            "--max-hops limits the scripted DeepSearch oracle: use it with --agent deepsearch-oracle"
-            " (or deepsearch-oracle-kinds)"
+            f"--max-hops limits the scripted DeepSearch oracle: use it with --agent {' or '.join(ORACLE_AGENTS)}"
         )
     if base_url:
         if not model:

@@ -214,12 +214,15 @@ def test_resume_from_step_one_reproduces_step_two_exactly(straight_run, tiny_mod
 
 
 def test_resume_in_the_same_run_folder_keeps_one_version_of_each_step(straight_run, tiny_model_dir, tmp_path):
-    """A stopped run logged steps past its last checkpoint: after the resume each step is there once."""
+    """A stopped run logged steps past its last checkpoint, the last line cut short: after the
+    resume each step is there once."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     straight = straight_run[0]
     shutil.copytree(straight.run_dir, tmp_path / "straight")
     first = list_checkpoints(tmp_path / "straight" / "checkpoints")[0]
+    with open(tmp_path / "straight" / "train_samples.jsonl", "a") as f:
+        f.write('{"step": 3, "transcript": [{"role": "assi')  # died mid-write (a full disk did it)
     config = tiny_config(
         tiny_model_dir,
         tmp_path,

@@ -248,23 +248,37 @@ def append_jsonl(path: str | os.PathLike[str], records: list[dict[str, Any]]) ->
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
+def _parsed(line: str) -> dict[str, Any] | None:
+    """A JSONL line's record; None for a blank or torn line."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
 def drop_records_after(path: str | os.PathLike[str], step: int) -> int:
     """Remove the lines of a samples JSONL logged after ``step``; returns how many went.
 
     A run resumed from an earlier checkpoint logs those steps again, so without this the file
-    would hold two versions of them.
+    would hold two versions of them. A line cut short (the process died mid-write, e.g. on a full
+    disk) is dropped too: it was being logged after the last checkpoint.
 
         >>> import tempfile
         >>> path = Path(tempfile.mkdtemp()) / "s.jsonl"
         >>> append_jsonl(path, [{"step": 1}, {"step": 2}, {"step": 3}])
         >>> drop_records_after(path, 1), path.read_text()
         (2, '{"step": 1}\\n')
+        >>> with open(path, "a") as f:
+        ...     _ = f.write('{"step": 2, "transcr')
+        >>> drop_records_after(path, 1), path.read_text()
+        (1, '{"step": 1}\\n')
     """
     path = Path(path)
     if not path.exists():
         return 0
     lines = path.read_text(encoding="utf-8").splitlines()
-    kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
+    kept = [line for line in lines if (record := _parsed(line)) is not None and record.get("step", 0) <= step]
     if len(kept) < len(lines):
         write_lines_atomically(path, kept)
     return len(lines) - len(kept)

@@ -21,6 +21,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from rlf_trainer.observe.jsonl_records import parse_record
+
 CURVE_KEYS = ("reward/mean", "accuracy", "tool_calls_per_episode", "kl", "response_length", "eval/reward")
 
 
@@ -28,15 +30,8 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """The parseable lines of a JSONL file (a line being written right now is skipped)."""
     if not path.is_file():
         return []
-    rows = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(value, dict):
-            rows.append(value)
-    return rows
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    return [record for line in lines if (record := parse_record(line)) is not None]
 
 
 def metrics(run_dir: Path) -> list[dict[str, Any]]:

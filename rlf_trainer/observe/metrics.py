@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from rlf_trainer.observe.jsonl_records import parse_record
 from rlf_trainer.rollout.trajectory import EpisodeStats
 
 
@@ -248,15 +249,6 @@ def append_jsonl(path: str | os.PathLike[str], records: list[dict[str, Any]]) ->
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
-def _parsed(line: str) -> dict[str, Any] | None:
-    """A JSONL line's record; None for a blank or torn line."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError:
-        return None
-    return record if isinstance(record, dict) else None
-
-
 def drop_records_after(path: str | os.PathLike[str], step: int) -> int:
     """Remove the lines of a samples JSONL logged after ``step``; returns how many went.
 
@@ -278,7 +270,9 @@ def drop_records_after(path: str | os.PathLike[str], step: int) -> int:
     if not path.exists():
         return 0
     lines = path.read_text(encoding="utf-8").splitlines()
-    kept = [line for line in lines if (record := _parsed(line)) is not None and record.get("step", 0) <= step]
+    kept = [
+        line for line in lines if (record := parse_record(line)) is not None and record.get("step", 0) <= step
+    ]
     if len(kept) < len(lines):
         write_lines_atomically(path, kept)
     return len(lines) - len(kept)

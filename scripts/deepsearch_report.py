@@ -222,15 +222,14 @@ def summarise(out: Path, grpo_run: str = "grpo", world_seed: int | None = None) 
         summary[stage]["mean_std"] = {k: mean_std(summary[stage][k]) for k in keys}
     summary["targets"] = targets(summary)
     if world_seed is not None:
-        from rlf_envs.tasks.deepsearch.kind_claims import false_kind_claims
+        from rlf_envs.tasks.deepsearch.kind_claims import false_kind_claims_in_chat
         from rlf_envs.tasks.deepsearch.world import generate_world
 
         world = generate_world(world_seed)
         hops_of = {q.id: q.hops for q in world.questions}
 
         def false_claims(row: dict[str, Any]) -> int:  # judged on the transcript: older runs too
-            said = [m.get("content") or "" for m in row.get("transcript", []) if m.get("role") == "assistant"]
-            return false_kind_claims(world, row["task_id"], said)
+            return false_kind_claims_in_chat(world, row["task_id"], row.get("transcript", []))
 
         summary["train"] = {}
         for run in runs:

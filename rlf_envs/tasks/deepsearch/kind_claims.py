@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from rlf_envs.tasks.deepsearch.oracle import RELATION_TARGET_KINDS
 from rlf_envs.tasks.deepsearch.world import World
@@ -81,4 +82,20 @@ def false_kind_claims(world: World, question_id: str, texts: Iterable[str]) -> i
     return false
 
 
-__all__ = ["asked_kind", "false_kind_claims"]
+def false_kind_claims_in_chat(world: World, question_id: str, messages: Sequence[Mapping[str, Any]]) -> int:
+    """:func:`false_kind_claims` over the assistant turns of a chat (an episode's messages or a
+    logged transcript).
+
+    Example:
+        >>> from rlf_envs.tasks.deepsearch.world import generate_world
+        >>> world = generate_world(0)
+        >>> one = next(q for q in world.questions if q.hops == 1)
+        >>> chat = [{"role": "user", "content": "Xy is a city, not a city."}, {"role": "assistant", "content": None}]
+        >>> false_kind_claims_in_chat(world, one.id, chat)
+        0
+    """
+    said = [str(m.get("content") or "") for m in messages if m.get("role") == "assistant"]
+    return false_kind_claims(world, question_id, said)
+
+
+__all__ = ["asked_kind", "false_kind_claims", "false_kind_claims_in_chat"]

@@ -25,7 +25,7 @@ from rlf_envs.rewards.rules import get_rule_reward
 from rlf_envs.servers.launch import stdio_server_entry
 from rlf_envs.tasks.deepsearch.data import load_qa_splits, read_corpus
 from rlf_envs.tasks.deepsearch.index import build_index_dir, default_cache_dir, ensure_world_index, read_meta
-from rlf_envs.tasks.deepsearch.kind_claims import false_kind_claims
+from rlf_envs.tasks.deepsearch.kind_claims import false_kind_claims_in_chat
 from rlf_envs.tasks.deepsearch.world import World, generate_world
 from rlf_envs.types import Episode, RewardValue, TaskInstance
 
@@ -212,8 +212,7 @@ class DeepSearchTask(Task):
             )
             if wrong:
                 scores["reward"] = scores["reward"] + self.evidence_reward * evidence
-            said = [str(m.get("content") or "") for m in episode.messages if m.get("role") == "assistant"]
-            false_claims = false_kind_claims(self.world, episode.instance.id, said)
+            false_claims = false_kind_claims_in_chat(self.world, episode.instance.id, episode.messages)
             scores["false_kind_claims"] = float(false_claims)
             scores["reward"] = scores["reward"] - self.kind_claim_cost * false_claims
         return scores

@@ -231,6 +231,7 @@ def make_remote_policy(config: Config, tokenizer: Any, model_path: str) -> Polic
         model_name=r.model,
         request_timeout_s=r.request_timeout_s,
         max_attempts=r.max_attempts,
+        push_dtype=getattr(torch, r.push_dtype) if r.push_dtype else None,
     )
 
 

@@ -257,7 +257,9 @@ class RemoteConfig(Section):
     where the trainer writes the weight folders the servers load; every server must read that
     path (None: ``<run dir>/remote_weights``). ``model``: the name sent as ``model`` (None: the
     server's only model). ``request_timeout_s`` bounds one try of one request; ``max_attempts``
-    the tries of a request over all servers (None: 2 per server + 1)."""
+    the tries of a request over all servers (None: 2 per server + 1). ``push_dtype``: the dtype
+    of the pushed weights (None: as trained; ``bfloat16`` for servers that compute in bf16, half
+    the bytes written and read each push)."""
 
     urls: list[str] = Field(default_factory=list)
     sync_every: int = Field(1, ge=0)
@@ -265,6 +267,7 @@ class RemoteConfig(Section):
     model: str | None = None
     request_timeout_s: Number = Field(300.0, gt=0)
     max_attempts: int | None = Field(None, ge=1)
+    push_dtype: Literal["float32", "bfloat16", "float16"] | None = None
 
 
 class PolicyConfig(Section):

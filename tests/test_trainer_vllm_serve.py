@@ -131,6 +131,27 @@ def test_vllm_serve_samples_token_exactly_and_takes_pushed_weights(
         policy.close()
 
 
+def test_weights_pushed_in_bf16_are_served_as_rounded(
+    server: str, shared_tiny_model_dir: Path, tiny_tokenizer: Any, tmp_path: Path
+) -> None:
+    import torch
+
+    policy = RemotePolicy([server], tiny_tokenizer, weights_dir=tmp_path, push_dtype=torch.bfloat16)
+    try:
+        model = _model(shared_tiny_model_dir)
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.mul_(1.3)
+        policy.update_weights(model, version=1)
+        [completion] = policy.generate(PROMPTS[:1], SamplingParams(max_new_tokens=8, seed=5))
+        rounded = model.to(torch.bfloat16).to(torch.float32)  # the fp32 server computes on these
+        expected = forward_logprobs(rounded, PROMPTS[0], completion.token_ids).tolist()
+        assert completion.logprobs == pytest.approx(expected, abs=LOGPROB_ATOL)
+    finally:
+        policy.push_folder(shared_tiny_model_dir, 0)
+        policy.close()
+
+
 def test_the_trainer_keeps_vllm_serve_on_the_trained_weights(
     server: str, shared_tiny_model_dir: Path, tmp_path: Path
 ) -> None:

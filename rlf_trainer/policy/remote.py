@@ -97,6 +97,7 @@ class RemotePolicy:
         request_timeout_s: the longest one try of one request may take.
         max_attempts: tries per request over all servers (default ``2 * len(urls) + 1``).
         push_timeout_s: the longest one server's weight update may take.
+        push_dtype: the dtype of the weight folders' floating-point tensors (None: as trained).
     """
 
     def __init__(
@@ -110,6 +111,7 @@ class RemotePolicy:
         request_timeout_s: float = 300.0,
         max_attempts: int | None = None,
         push_timeout_s: float = 600.0,
+        push_dtype: torch.dtype | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.pool = ServerPool(list(urls))
@@ -119,6 +121,7 @@ class RemotePolicy:
         self.request_timeout_s = request_timeout_s
         self.max_attempts = max_attempts or 2 * len(self.pool.servers) + 1
         self.push_timeout_s = push_timeout_s
+        self.push_dtype = push_dtype
         self.version = 0  # the newest weights version pushed (0: what the servers started with)
         self.latest_folder: Path | None = None
         self.failovers = 0  # tries that failed and went to another server (or waited), this window
@@ -253,7 +256,7 @@ class RemotePolicy:
         """
         self._check_open()
         version = self.version + 1 if version is None else version
-        folder = write_weights_folder(model, self.weights_dir / f"v{version:06d}")
+        folder = write_weights_folder(model, self.weights_dir / f"v{version:06d}", dtype=self.push_dtype)
         self.push_folder(folder, version)
 
     def push_folder(self, folder: str | os.PathLike[str], version: int) -> None:

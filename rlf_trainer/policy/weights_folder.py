@@ -6,6 +6,7 @@ each push (``<weights_dir>/v000042``) and keeps the newest few (:func:`prune_wei
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import tempfile
@@ -20,8 +21,14 @@ if TYPE_CHECKING:
 KEEP_FOLDERS = 2  # weight folders kept on disk: the newest, and the one before while servers switch
 
 
-def write_weights_folder(model: torch.nn.Module, folder: str | os.PathLike[str]) -> Path:
+def write_weights_folder(
+    model: torch.nn.Module, folder: str | os.PathLike[str], *, dtype: torch.dtype | None = None
+) -> Path:
     """``model``'s weights as a Hugging Face folder (config + one safetensors file; LoRA merged), atomically.
+
+    ``dtype``: floating-point tensors are written in it (None: as trained). A server that computes
+    in bf16 rounds fp32 weights when it loads them anyway; writing bf16 halves the bytes each push
+    writes and each server reads (the config's ``dtype`` says the folder's).
 
     Tied tensors are written as separate copies (``lm_head.weight`` beside the input embeddings,
     which ``save_pretrained`` leaves out): vLLM 0.32's in-place reload from a folder without the
@@ -31,6 +38,7 @@ def write_weights_folder(model: torch.nn.Module, folder: str | os.PathLike[str])
 
     Example (a random in-memory Qwen3 with tied embeddings):
         >>> import tempfile
+        >>> import torch
         >>> from safetensors import safe_open
         >>> from transformers import Qwen3Config, Qwen3ForCausalLM
         >>> config = Qwen3Config(vocab_size=32, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
@@ -39,6 +47,11 @@ def write_weights_folder(model: torch.nn.Module, folder: str | os.PathLike[str])
         >>> sorted(p.name for p in folder.iterdir())
         ['config.json', 'model.safetensors']
         >>> "lm_head.weight" in safe_open(folder / "model.safetensors", "pt").keys()
+        True
+        >>> half = write_weights_folder(Qwen3ForCausalLM(config), folder.parent / "v000002", dtype=torch.bfloat16)
+        >>> safe_open(half / "model.safetensors", "pt").get_tensor("lm_head.weight").dtype
+        torch.bfloat16
+        >>> '"dtype": "bfloat16"' in (half / "config.json").read_text()
         True
     """
     import torch
@@ -49,7 +62,10 @@ def write_weights_folder(model: torch.nn.Module, folder: str | os.PathLike[str])
     weights: dict[str, torch.Tensor] = {}
     storages: set[int] = set()
     for name, tensor in inference_state_dict(model).items():
-        tensor = tensor.detach().to("cpu").contiguous()
+        tensor = tensor.detach().to("cpu")
+        if dtype is not None and tensor.is_floating_point():
+            tensor = tensor.to(dtype)
+        tensor = tensor.contiguous()
         if tensor.data_ptr() in storages:  # safetensors stores no shared tensors: a copy of its own
             tensor = tensor.clone()
         storages.add(tensor.data_ptr())
@@ -58,7 +74,11 @@ def write_weights_folder(model: torch.nn.Module, folder: str | os.PathLike[str])
         model = model.module
     plain = model.get_base_model() if hasattr(model, "peft_config") else model
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    plain.config.save_pretrained(tmp)
+    config = plain.config
+    if dtype is not None:  # the folder's own dtype, without touching the trained model's config
+        config = copy.deepcopy(config)
+        config.dtype = dtype
+    config.save_pretrained(tmp)
     save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     if folder.exists():
         shutil.rmtree(folder)

@@ -44,5 +44,5 @@ curl -sf "http://127.0.0.1:$PORT/health" > /dev/null || { echo "vllm serve never
 echo "== $(date -u +%H:%M:%S) trainer bf16, rollouts on vllm serve"
 rlf-bench train --config "$CONFIG" --steps "$STEPS" --precisions bf16 --workdir "$work/remote" \
   model.path="$MODEL" policy.backend=remote "policy.remote.urls=[\"http://127.0.0.1:$PORT\"]" \
-  policy.remote.request_timeout_s=600 "$@"
+  policy.remote.request_timeout_s=600 policy.remote.push_dtype=bfloat16 "$@"
 echo "== $(date -u +%H:%M:%S) done"

@@ -22,7 +22,7 @@ import rlf_envs  # noqa: F401  (registers ids)
 from rlf_envs.core.env import render_transcript
 from rlf_envs.info_keys import MESSAGES
 from rlf_envs.tasks.deepsearch.oracle import oracle_turns
-from rlf_envs.tasks.deepsearch.world import generate_world
+from rlf_envs.tasks.deepsearch.world_builder import generate_world
 
 
 def play(env: gym.Env, turns: list[str], task_index: int) -> tuple[float, dict[str, Any], str]:

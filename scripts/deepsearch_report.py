@@ -223,7 +223,7 @@ def summarise(out: Path, grpo_run: str = "grpo", world_seed: int | None = None) 
     summary["targets"] = targets(summary)
     if world_seed is not None:
         from rlf_envs.tasks.deepsearch.kind_claims import false_kind_claims_in_chat
-        from rlf_envs.tasks.deepsearch.world import generate_world
+        from rlf_envs.tasks.deepsearch.world_builder import generate_world
 
         world = generate_world(world_seed)
         hops_of = {q.id: q.hops for q in world.questions}

@@ -114,7 +114,7 @@ def openai_server(openai_server_instance: OpenAITestServer) -> OpenAITestServer:
 @pytest.fixture(scope="module")
 def world() -> Any:
     """The generated DeepSearch world of seed 0 (deterministic; one per test module)."""
-    from rlf_envs.tasks.deepsearch.world import generate_world
+    from rlf_envs.tasks.deepsearch.world_builder import generate_world
 
     return generate_world(0)
 

@@ -91,7 +91,7 @@ def test_targets_hold_per_seed_on_three_seeds_and_the_baseline_is_read(tmp_path:
     assert "| SFT + as many more SFT steps (baseline) | 0.183 (1 seed: -, 0.183, -) |" in report.table(
         summary
     )
-    from rlf_envs.tasks.deepsearch.world import generate_world
+    from rlf_envs.tasks.deepsearch.world_builder import generate_world
 
     one_hop = next(q.id for q in generate_world(0).split("train") if q.hops == 1)
     rows = [{"step": step, "task_id": one_hop, "group": 0, "reward": reward, "reward_info": {"em": reward},

@@ -32,7 +32,8 @@ from rlf_envs.tasks.deepsearch.index import (
 from rlf_envs.tasks.deepsearch.kind_claims import false_kind_claims
 from rlf_envs.tasks.deepsearch.oracle import oracle_turns
 from rlf_envs.tasks.deepsearch.task import DeepSearchTask
-from rlf_envs.tasks.deepsearch.world import World, WorldConsistencyError, generate_world
+from rlf_envs.tasks.deepsearch.world import World, WorldConsistencyError
+from rlf_envs.tasks.deepsearch.world_builder import generate_world
 from rlf_envs.types import Episode
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -48,7 +49,7 @@ def world_index(world: World) -> SearchIndex:
 
 def _hash_in_fresh_process(seed: int, hash_seed: str) -> str:
     code = (
-        "from rlf_envs.tasks.deepsearch.world import generate_world;"
+        "from rlf_envs.tasks.deepsearch.world_builder import generate_world;"
         f"print(generate_world({seed}).content_hash())"
     )
     env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": str(REPO_ROOT)}

@@ -62,7 +62,7 @@ def run(
     rng = random.Random(seed)
     world = None
     if agent == "oracle":
-        from rlf_envs.tasks.deepsearch.world import generate_world
+        from rlf_envs.tasks.deepsearch.world_builder import generate_world
 
         world = generate_world(env_kwargs.get("world_seed", 0))
     envs = gym.make_vec(env_id, num_envs=num_envs, **env_kwargs)

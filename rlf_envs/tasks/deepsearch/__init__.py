@@ -8,7 +8,8 @@ Example:
 from rlf_envs.tasks.deepsearch.data import Document, load_qa, load_qa_splits, read_corpus
 from rlf_envs.tasks.deepsearch.index import SearchIndex, build_index_dir, ensure_world_index
 from rlf_envs.tasks.deepsearch.task import SYSTEM_PROMPT, DeepSearchTask
-from rlf_envs.tasks.deepsearch.world import OracleSolution, Question, World, WorldConfig, generate_world
+from rlf_envs.tasks.deepsearch.world import OracleSolution, Question, World, WorldConfig
+from rlf_envs.tasks.deepsearch.world_builder import generate_world
 
 __all__ = [
     "SYSTEM_PROMPT",

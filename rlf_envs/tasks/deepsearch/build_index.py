@@ -40,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     started = time.perf_counter()
     if args.world_seed is not None:
-        from rlf_envs.tasks.deepsearch.world import generate_world
+        from rlf_envs.tasks.deepsearch.world_builder import generate_world
 
         world = generate_world(args.world_seed)
         documents = world.documents[: args.limit] if args.limit is not None else world.documents

@@ -36,7 +36,7 @@ import numpy as np
 
 from rlf_envs.tasks.deepsearch.data import Document, corpus_hash
 from rlf_envs.tasks.deepsearch.tokens import tokenize
-from rlf_envs.tasks.deepsearch.world import generate_world
+from rlf_envs.tasks.deepsearch.world_builder import generate_world
 
 INDEX_FORMAT = "rlf-bm25/1"
 META_FILE = "meta.json"

@@ -8,7 +8,7 @@ episode reward alone never saw it. Sentences in any other wording are not judged
 
 Example:
     >>> from rlf_envs.tasks.deepsearch.oracle import oracle_turns
-    >>> from rlf_envs.tasks.deepsearch.world import generate_world
+    >>> from rlf_envs.tasks.deepsearch.world_builder import generate_world
     >>> world = generate_world(0)
     >>> three = next(q for q in world.questions if q.hops == 3)
     >>> false_kind_claims(world, three.id, oracle_turns(world, three.id, style="kinds"))
@@ -53,7 +53,7 @@ def asked_kind(world: World, question_id: str) -> str:
     """The kind of thing a question asks for: where its last relation leads.
 
     Example:
-        >>> from rlf_envs.tasks.deepsearch.world import generate_world
+        >>> from rlf_envs.tasks.deepsearch.world_builder import generate_world
         >>> world = generate_world(0)
         >>> question = next(q for q in world.questions if q.question.startswith("In which country"))
         >>> asked_kind(world, question.id)
@@ -87,7 +87,7 @@ def false_kind_claims_in_chat(world: World, question_id: str, messages: Sequence
     logged transcript).
 
     Example:
-        >>> from rlf_envs.tasks.deepsearch.world import generate_world
+        >>> from rlf_envs.tasks.deepsearch.world_builder import generate_world
         >>> world = generate_world(0)
         >>> one = next(q for q in world.questions if q.hops == 1)
         >>> chat = [{"role": "user", "content": "Xy is a city, not a city."}, {"role": "assistant", "content": None}]

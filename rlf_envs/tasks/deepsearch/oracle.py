@@ -13,7 +13,7 @@ most two searches, for rlf-collect (``--max-hops``) and for GRPO guidance
 (``algorithm.guidance.max_hops``) alike.
 
 Example:
-    >>> from rlf_envs.tasks.deepsearch.world import generate_world
+    >>> from rlf_envs.tasks.deepsearch.world_builder import generate_world
     >>> world = generate_world(0)
     >>> question = next(q for q in world.questions if q.hops == 2)
     >>> turns = oracle_turns(world, question.id)
@@ -41,7 +41,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rlf_envs.tasks.deepsearch.world import World, generate_world
+from rlf_envs.tasks.deepsearch.world import World
+from rlf_envs.tasks.deepsearch.world_builder import generate_world
 
 
 def search_call(query: str) -> str:

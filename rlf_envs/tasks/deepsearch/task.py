@@ -26,7 +26,8 @@ from rlf_envs.servers.launch import stdio_server_entry
 from rlf_envs.tasks.deepsearch.data import load_qa_splits, read_corpus
 from rlf_envs.tasks.deepsearch.index import build_index_dir, default_cache_dir, ensure_world_index, read_meta
 from rlf_envs.tasks.deepsearch.kind_claims import false_kind_claims_in_chat
-from rlf_envs.tasks.deepsearch.world import World, generate_world
+from rlf_envs.tasks.deepsearch.world import World
+from rlf_envs.tasks.deepsearch.world_builder import generate_world
 from rlf_envs.types import Episode, RewardValue, TaskInstance
 
 SEARCH_SERVER_MODULE = "rlf_envs.tasks.deepsearch.server"  # this task's MCP server, run as `python -m`

@@ -33,10 +33,21 @@ def vllm_policy(tiny_model_dir):
     from rlf_trainer.policy import VLLMPolicy
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on CPU
+    # as a user's trainer runs it: no OMP_NUM_THREADS, two torch threads (vLLM would take them to 1)
+    omp, suite_threads = os.environ.pop("OMP_NUM_THREADS", None), torch.get_num_threads()
+    torch.set_num_threads(2)
     started = time.perf_counter()
-    policy = VLLMPolicy(
-        tiny_model_dir, dtype="float32", max_model_len=512, gpu_memory_utilization=0.3, seed=0
-    )
+    try:
+        policy = VLLMPolicy(
+            tiny_model_dir, dtype="float32", max_model_len=512, gpu_memory_utilization=0.3, seed=0
+        )
+        policy.threads_after_init = torch.get_num_threads()  # checked by a test below
+        torch.set_num_threads(1)
+        policy.threads_settable = torch.get_num_threads() == 1
+        torch.set_num_threads(suite_threads)
+    finally:
+        if omp is not None:
+            os.environ["OMP_NUM_THREADS"] = omp
     print(f"\n[vllm] LLM init {time.perf_counter() - started:.1f} s")
     yield policy
     del policy
@@ -67,6 +78,12 @@ def test_without_vllm_the_constructor_says_how_to_install_it(tiny_model_dir):
 @pytest.mark.skipif(VLLM_ERROR is not None, reason=f"vllm unavailable: {VLLM_ERROR}")
 class TestVLLMPolicy:
     """One engine (module fixture) for all of these."""
+
+    def test_the_engine_leaves_the_trainers_torch_threads_alone(self, vllm_policy):
+        if torch.cuda.is_available():
+            pytest.skip("only vLLM's CPU engine resets the process's torch threads")
+        assert vllm_policy.threads_after_init == 2, "the update would run on one core"
+        assert vllm_policy.threads_settable, "torch.set_num_threads is still vLLM's no-op"
 
     @pytest.mark.parametrize(
         "params",

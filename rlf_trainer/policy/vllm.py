@@ -99,6 +99,7 @@ class VLLMPolicy:
         self.sleep_level = sleep_level
         self.asleep = False
         self.closed = False
+        threads, set_threads = torch.get_num_threads(), torch.set_num_threads
         self.llm = LLM(
             model=str(model_path),
             tensor_parallel_size=tensor_parallel_size,
@@ -109,6 +110,11 @@ class VLLMPolicy:
             seed=seed,
             **llm_kwargs,
         )
+        if not torch.cuda.is_available():
+            # vLLM's CPU worker turns torch.set_num_threads into a no-op for the whole process (it
+            # expects to own it) and its serving setup may lower the thread count: the trainer's.
+            torch.set_num_threads = set_threads
+            set_threads(threads)
         if tokenizer is None:
             from transformers import AutoTokenizer
 

@@ -122,6 +122,7 @@ class Config(Section):
     # auto: bf16 where the chip has bf16 arithmetic, else fp32 (rlf_trainer.run.precision)
     mixed_precision: Annotated[Literal["auto", "no", "bf16", "fp16"], BeforeValidator(_yaml_no)] = "auto"
     gradient_checkpointing: bool = False
+    compile: bool = False  # torch.compile each decoder layer for the update (rlf_trainer.run.compile)
 
     @property
     def run_dir(self) -> Path:

@@ -51,6 +51,7 @@ from rlf_trainer.rollout.batch import RolloutBatch
 from rlf_trainer.rollout.collect import Prefetch, RolloutState, episodes_per_process, rolls_ahead
 from rlf_trainer.run import checkpoint as ckpt
 from rlf_trainer.run import distributed
+from rlf_trainer.run.compile import compile_decoder_layers
 from rlf_trainer.run.distributed import full_parameters
 from rlf_trainer.run.precision import resolve_mixed_precision
 
@@ -145,6 +146,10 @@ class Trainer:
         self.health_log = HealthLog(self.run_dir if acc.is_main_process else None, config.health.fail_on)
         sampler = PromptSampler(build.num_train_tasks(config, self.envs), config.seed)
         self.policy: Policy = build.make_policy(config, acc, self.model, self.tokenizer, self.model_path)
+        if config.compile:  # after the policy: the HF policy's bf16 copy must be a plain module
+            for model in (acc.unwrap_model(self.model), self.learner.ref_model):
+                if model is not None:
+                    compile_decoder_layers(model)
         demonstrator = build.make_demonstrator(config)  # algorithm.guidance (None when it is off)
         self.rollout = RolloutState(config, acc, self.policy, self.envs, sampler, demonstrator=demonstrator)
         self.prefetch = Prefetch() if rolls_ahead(config) else None

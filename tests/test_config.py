@@ -74,7 +74,7 @@ OPTIM_KEYS = (
     "schedule, stochastic_rounding, warmup_steps, weight_decay"
 )
 TOP_KEYS = (
-    "algorithm, checkpoint, distributed, env, eval, gradient_checkpointing, health, logging, lora, max_steps, "
+    "algorithm, checkpoint, compile, distributed, env, eval, gradient_checkpointing, health, logging, lora, max_steps, "
     "mixed_precision, model, optim, policy, rollout, seed"
 )
 

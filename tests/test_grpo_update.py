@@ -242,6 +242,34 @@ def test_chunked_projection_gives_the_plain_logprobs_and_gradients(tiny_model):
         assert torch.allclose(chunked_grads[name], param.grad, atol=1e-5), name
 
 
+def test_right_padded_rows_are_forwarded_without_a_mask_and_left_padded_with_it(tiny_model):
+    """Right padding: no mask reaches the model (the causal kernel) and the log-probs are the masked
+    forward's; a left-padded batch keeps its mask, and its log-probs too."""
+    from rlf_trainer.algorithms.losses import selective_log_softmax
+    from rlf_trainer.algorithms.optimize import token_logprobs
+
+    batch = varied_batch(tiny_model.config.vocab_size)
+    seen: list[object] = []  # the last call's mask is the log-probs' forward (a first call also probes)
+    hook = tiny_model.register_forward_pre_hook(
+        lambda _m, _a, kwargs: seen.append(kwargs.get("attention_mask")), with_kwargs=True
+    )
+    right = (batch.input_ids, batch.attention_mask, batch.loss_mask)
+    shifts = [int((1 - m).sum()) for m in batch.attention_mask]
+    left = tuple(torch.stack([row.roll(k) for row, k in zip(t, shifts, strict=True)]) for t in right)
+    masks = []
+    try:
+        with torch.no_grad():
+            for ids, mask, loss_mask in (right, left):
+                got = token_logprobs(fresh_accelerator("no"), tiny_model, ids, mask, loss_mask[:, 1:]).logp
+                masks.append(seen[-1])
+                logits = tiny_model(input_ids=ids, attention_mask=mask).logits[:, :-1]
+                want = selective_log_softmax(logits, ids[:, 1:]) * loss_mask[:, 1:]
+                assert torch.allclose(got, want, atol=1e-5)
+    finally:
+        hook.remove()
+    assert masks[0] is None and masks[1] is not None and torch.equal(masks[1], left[1])
+
+
 def test_bf16_logprobs_are_within_bf16_tolerance_of_fp32(tiny_model):
     from rlf_trainer.algorithms.optimize import token_logprobs
 

@@ -345,6 +345,41 @@ def test_gradient_checkpointing_gives_the_same_update(tiny_model_dir, tmp_path, 
         assert torch.allclose(gc_params[name], value, atol=1e-6, rtol=0), name
 
 
+def test_compiled_layers_give_the_same_rollout_and_update(tiny_model_dir, tmp_path):
+    """`compile: true`: the policy and the reference run compiled layers in the update, the HF
+    policy samples with the same (shared, fp32) module eagerly: same episodes, same step."""
+    from transformers import AutoModelForCausalLM
+
+    kl = ("algorithm.beta=0.1",)
+    batch, plain, plain_params = one_step(tiny_model_dir, tmp_path / "plain", *kl)
+    config = tiny_config(tiny_model_dir, tmp_path / "compiled", "max_steps=1", "eval.every=0",
+                         "checkpoint.every=0", "checkpoint.save_final=false", "compile=true", *kl)  # fmt: skip
+    trainer = Trainer(config)
+    try:
+        compiled = trainer.train_step()
+        layers = [
+            trainer.accelerator.unwrap_model(trainer.model).model.layers,
+            trainer.learner.ref_model.model.layers,
+        ]
+        assert all(layer._compiled_call_impl is not None for stack in layers for layer in stack)
+        assert torch.equal(trainer.last_batch.input_ids, batch.input_ids)
+        assert compiled["loss"] == pytest.approx(plain["loss"], abs=1e-6)
+        assert compiled["kl"] == pytest.approx(plain["kl"], abs=1e-6)  # the reference's compiled forward
+        assert compiled["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-4)
+        # Adam's first step moves a weight by ~lr x sign(grad): a grad within rounding of 0 may flip
+        lr, moved = config.optim.lr, []
+        for name, value in model_params(trainer).items():
+            assert torch.allclose(plain_params[name], value, atol=2.5 * lr, rtol=0), name
+            moved.append((plain_params[name] - value).abs().flatten() > 1e-6)
+        assert float(torch.cat(moved).float().mean()) < 1e-3
+        saved = AutoModelForCausalLM.from_pretrained(trainer.save_model(), dtype=torch.float32)
+        assert {n: p.shape for n, p in saved.named_parameters()} == {
+            n: p.shape for n, p in trainer.model.named_parameters()
+        }
+    finally:
+        trainer.close()
+
+
 def test_bf16_keeps_float32_weights_and_samples_with_a_synced_bf16_copy(tiny_model_dir, tmp_path):
     config = tiny_config(
         tiny_model_dir, tmp_path, "max_steps=2", "eval.every=0", "checkpoint.every=0", "mixed_precision=bf16"

@@ -107,6 +107,7 @@ def token_logprobs(
     """
     core = _core_model(accelerator, model)
     where = trained.bool()
+    attention_mask = mask_unless_right_padded(attention_mask)
     # the run's precision for the whole pass (a prepared model autocasts its own forward already)
     with accelerator.autocast():
         if _projects_plainly(core):
@@ -119,8 +120,26 @@ def token_logprobs(
     return TokenLogprobs(logp, mean_entropy, int(input_ids.numel()))
 
 
+def mask_unless_right_padded(attention_mask: torch.Tensor) -> torch.Tensor | None:
+    """``None`` when every row of ``attention_mask`` is ones then zeros (right padding), else the mask.
+
+    A causal model's real tokens never attend to the pads after them, so a right-padded batch needs
+    no mask: without one, SDPA's causal kernel skips the blocks above the diagonal, where an explicit
+    mask makes it compute them all (a 1,250-token micro-batch's forward and backward took 3.2 s
+    instead of 4.4 on SmolLM2-135M in bf16). Pad positions' outputs change; nothing reads them.
+
+    >>> mask_unless_right_padded(torch.tensor([[1, 1, 0], [1, 1, 1]])) is None
+    True
+    >>> mask_unless_right_padded(torch.tensor([[0, 1, 1], [1, 1, 1]])).tolist()
+    [[0, 1, 1], [1, 1, 1]]
+    """
+    ones = attention_mask.bool()
+    # right-padded: no 1 after a 0 in any row, i.e. the mask never rises along a row
+    return None if not (ones[:, 1:] & ~ones[:, :-1]).any() else attention_mask
+
+
 def _projected_logprobs(
-    model: Any, core: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, where: torch.Tensor
+    model: Any, core: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, where: torch.Tensor
 ) -> tuple[torch.Tensor, float]:
     """The decoder's last hidden states from one pass, projected only where ``where`` is true."""
     captured: list[torch.Tensor] = []

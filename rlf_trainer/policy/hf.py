@@ -165,8 +165,9 @@ class HFPolicy:
             if seed is not None:
                 torch.manual_seed(seed)
             self.model.eval()
-            try:
-                yield
+            try:  # a trained model under `compile: true` decodes eagerly (rlf_trainer.run.compile)
+                with torch.compiler.set_stance("force_eager"):
+                    yield
             finally:
                 self.model.train(was_training)
 

@@ -51,7 +51,7 @@ from rlf_trainer.rollout.batch import RolloutBatch
 from rlf_trainer.rollout.collect import Prefetch, RolloutState, episodes_per_process, rolls_ahead
 from rlf_trainer.run import checkpoint as ckpt
 from rlf_trainer.run import distributed
-from rlf_trainer.run.compile import compile_decoder_layers
+from rlf_trainer.run.compile import check_compiler, compile_decoder_layers
 from rlf_trainer.run.distributed import full_parameters
 from rlf_trainer.run.precision import resolve_mixed_precision
 
@@ -91,6 +91,8 @@ class Trainer:
         self.config = config.validate()
         # `auto` becomes what this machine does fast; config.yaml records the choice
         config.mixed_precision = resolve_mixed_precision(config.mixed_precision)
+        if config.compile:
+            check_compiler()  # before any process or model starts
         self.run_dir = config.run_dir
         resume_from = ckpt.resolve_resume(config.checkpoint.resume, config.checkpoint_dir)
         self.accelerator = acc = self._start_accelerator(resume_from)

@@ -380,6 +380,18 @@ def test_compiled_layers_give_the_same_rollout_and_update(tiny_model_dir, tmp_pa
         trainer.close()
 
 
+def test_compile_without_a_compiler_or_decoder_layers_says_so(tiny_model_dir, tmp_path, monkeypatch):
+    from rlf_trainer.run.compile import CompileError, decoder_layers
+
+    monkeypatch.setenv("CXX", "no-such-c++")
+    with pytest.raises(
+        CompileError, match=r"found no \$CXX \(no-such-c\+\+\) on the PATH.*set compile: false"
+    ):
+        Trainer(tiny_config(tiny_model_dir, tmp_path, "compile=true"))
+    with pytest.raises(CompileError, match="Linear has none: set compile: false"):
+        decoder_layers(torch.nn.Linear(2, 2))
+
+
 def test_bf16_keeps_float32_weights_and_samples_with_a_synced_bf16_copy(tiny_model_dir, tmp_path):
     config = tiny_config(
         tiny_model_dir, tmp_path, "max_steps=2", "eval.every=0", "checkpoint.every=0", "mixed_precision=bf16"

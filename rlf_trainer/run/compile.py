@@ -16,13 +16,27 @@ recompile and gain nothing), and its bf16 copy is made before the layers are com
 
 from __future__ import annotations
 
+import os
+import shutil
 from typing import Any
 
 import torch
 
 
 class CompileError(ValueError):
-    """The model has no repeated decoder layers to compile."""
+    """``compile: true`` cannot work here: no C++ compiler, or no repeated decoder layers."""
+
+
+def check_compiler() -> None:
+    """Raise :class:`CompileError` unless Inductor's C++ compiler is on the PATH (``$CXX``, else
+    ``g++`` or ``clang++``): without one the first step would fail deep inside Inductor."""
+    named = os.environ.get("CXX")
+    if not (shutil.which(named) if named else shutil.which("g++") or shutil.which("clang++")):
+        wanted = f"$CXX ({named})" if named else "g++ or clang++"
+        raise CompileError(
+            f"compile: true needs a C++ compiler for torch.compile's CPU code and found no {wanted} on the "
+            "PATH: install one (apt-get install g++) or set compile: false"
+        )
 
 
 def decoder_layers(model: Any) -> torch.nn.ModuleList:

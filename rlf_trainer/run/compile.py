@@ -2,8 +2,8 @@
 
 On a CPU the update spends much of its time outside the matmuls: RMSNorm, rotary embeddings,
 SiLU x gate, residual adds and autocast's dtype casts run as separate memory-bound passes.
-Inductor fuses them into a few C++ loops per layer (on the DeepSearch recipe's GRPO update, bf16,
-2 threads: 20.4 s a step eager, 16.8 s compiled; docs/benchmarks.md).
+Inductor fuses them into a few C++ loops per layer (the DeepSearch recipe's GRPO update, bf16,
+2 threads, one sitting: 23.4 s eager, 20.1 s compiled; docs/benchmarks.md).
 
 Regional compilation (PyTorch's recipe): each decoder layer is compiled in place with
 ``nn.Module.compile``; the layers share one class and one code object, so Inductor compiles once

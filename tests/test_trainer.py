@@ -305,18 +305,13 @@ def test_lora_trains_only_the_adapters_and_the_saved_model_has_them_merged(
     assert float((got - untrained).abs().max()) > 1e-3  # the merge carried the adapters' change
 
 
+# one train step, nothing else: no eval, no checkpoint
+ONE_STEP = ("max_steps=1", "eval.every=0", "checkpoint.every=0", "checkpoint.save_final=false")
+
+
 def one_step(tiny_model_dir: Path, run_root: Path, *overrides: str) -> tuple[Any, dict[str, float], dict[str, torch.Tensor]]:  # fmt: skip
     """(rollout batch, metrics, parameters) after one train step of a fresh trainer."""
-    config = tiny_config(
-        tiny_model_dir,
-        run_root,
-        "max_steps=1",
-        "eval.every=0",
-        "checkpoint.every=0",
-        "checkpoint.save_final=false",
-        "checkpoint.save_model=false",
-        *overrides,
-    )
+    config = tiny_config(tiny_model_dir, run_root, *ONE_STEP, "checkpoint.save_model=false", *overrides)
     trainer = Trainer(config)
     try:
         metrics = trainer.train_step()
@@ -352,8 +347,7 @@ def test_compiled_layers_give_the_same_rollout_and_update(tiny_model_dir, tmp_pa
 
     kl = ("algorithm.beta=0.1",)
     batch, plain, plain_params = one_step(tiny_model_dir, tmp_path / "plain", *kl)
-    config = tiny_config(tiny_model_dir, tmp_path / "compiled", "max_steps=1", "eval.every=0",
-                         "checkpoint.every=0", "checkpoint.save_final=false", "compile=true", *kl)  # fmt: skip
+    config = tiny_config(tiny_model_dir, tmp_path / "compiled", *ONE_STEP, "compile=true", *kl)
     trainer = Trainer(config)
     try:
         compiled = trainer.train_step()

@@ -8,8 +8,9 @@ steps of the config (GRPO or SFT, no eval, no checkpoint) and reports per phase:
   (each token passes the body once with the prefix cache; the vocabulary projection runs only where
   a token is sampled);
 - **update**: trained tokens/s, and GFLOP/s counted as ``6 x body params x forwarded tokens +
-  6 x head params x trained tokens`` (forward and backward; the projection runs only on trained
-  positions); attention's own FLOPs are left out, so the figures are a lower bound;
+  6 x head params x trained tokens`` (forward and backward; forwarded: the real tokens the model
+  ran over, a micro-batch's shared prefix once, ``update/tokens``; the projection runs only on
+  trained positions); attention's own FLOPs are left out, so the figures are a lower bound;
 - the fraction of this machine's **matmul peak** for the dtype in use, measured first in the same
   run (a ``[1024, 576] @ [576, 1536]`` matmul, SmolLM2-135M's MLP shape, on the same threads);
 - the step time and the process's peak RSS.

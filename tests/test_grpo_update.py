@@ -313,3 +313,150 @@ def test_length_sorted_micro_batches_give_the_one_batch_update(tiny_model_dir):
     assert two["loss"] == pytest.approx(one["loss"], abs=1e-6)
     for name, value in one_params.items():
         assert torch.allclose(two_params[name], value, atol=1e-6), name
+
+
+# ------------------------------------------------------------------------------------------------
+# A micro-batch's common prefix (a group's prompt) forwarded once
+# ------------------------------------------------------------------------------------------------
+
+
+def shared_prompt_batch(vocab: int, prompt: int, tails: tuple[int, ...], groups: int = 1) -> RolloutBatch:
+    """``groups`` groups of ``len(tails)`` right-padded rows; a group's rows start with the same
+    ``prompt`` tokens, then ``tails[i]`` of their own; training starts 3 tokens before the prompt
+    ends, so some trained positions lie inside the shared prefix."""
+    generator = torch.Generator().manual_seed(1)
+    n, width = groups * len(tails), prompt + max(tails)
+    ids = torch.zeros(n, width, dtype=torch.long)
+    attention, trained = torch.zeros(n, width, dtype=torch.long), torch.zeros(n, width, dtype=torch.long)
+    for group in range(groups):
+        head = torch.randint(3, vocab, (prompt,), generator=generator)
+        for i, tail in enumerate(tails):
+            row = group * len(tails) + i
+            ids[row, :prompt] = head
+            ids[row, prompt : prompt + tail] = torch.randint(3, vocab, (tail,), generator=generator)
+            attention[row, : prompt + tail] = 1
+            trained[row, prompt - 3 : prompt + tail] = 1
+    return RolloutBatch(
+        input_ids=ids,
+        attention_mask=attention,
+        loss_mask=trained,
+        old_logprobs=torch.zeros(n, width),
+        rewards=torch.zeros(n),
+        stats=[EpisodeStats(task_id=str(r // len(tails)), group=r // len(tails)) for r in range(n)],
+        transcripts=[[] for _ in range(n)],
+        timings={},
+    )
+
+
+def test_a_shared_prefix_forwarded_once_gives_the_plain_logprobs_and_gradients(tiny_model):
+    """The prompt runs once as a [1, 20] pass, the rows' own tokens on its cached keys and values:
+    the log-probs and every gradient (different per row, so the prefix's sums several rows') are
+    the whole-row pass's, and fewer positions are forwarded."""
+    from rlf_trainer.algorithms.optimize import token_logprobs
+
+    batch = shared_prompt_batch(tiny_model.config.vocab_size, prompt=20, tails=(12, 5, 9))
+    trained, width = batch.loss_mask[:, 1:], batch.input_ids.shape[1]
+    row_weights = torch.tensor([[1.0], [-2.0], [0.5]])
+    shapes: list[tuple[int, ...]] = []
+    hook = tiny_model.register_forward_pre_hook(
+        lambda _m, _a, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    results = []
+    try:
+        for share in (False, True):
+            tiny_model.zero_grad()
+            out = token_logprobs(
+                fresh_accelerator("no"),
+                tiny_model,
+                batch.input_ids,
+                batch.attention_mask,
+                trained,
+                share_prefix=share,
+            )
+            (out.logp * trained * row_weights).sum().backward()
+            results.append((out, {n: p.grad.clone() for n, p in tiny_model.named_parameters()}))
+    finally:
+        hook.remove()
+    (plain, plain_grads), (shared, shared_grads) = results
+    assert shapes[-2:] == [(1, 20), (3, width - 20)]  # the two passes of the shared forward
+    assert torch.allclose(shared.logp, plain.logp, atol=1e-5)
+    for name, grad in plain_grads.items():
+        assert torch.allclose(shared_grads[name], grad, atol=1e-5), name
+    assert (plain.forwarded_tokens, plain.real_tokens) == (3 * width, 3 * 20 + 12 + 5 + 9)
+    assert (shared.forwarded_tokens, shared.real_tokens) == (20 + 3 * (width - 20), 20 + 12 + 5 + 9)
+
+
+def test_bf16_shares_the_prefix_and_keeps_the_projected_path(tiny_model):
+    """Under bf16 (a prepared model autocasts its forward) the first batch that asks for sharing
+    must not probe the head outside autocast: that probe would fail and leave the model on the full
+    ``[n, T, V]`` logits for good. Every pass keeps logits for one position only."""
+    from rlf_trainer.algorithms.optimize import token_logprobs
+
+    acc = fresh_accelerator("bf16")
+    with torch.no_grad():  # logits as large as a real model's: fp32 and bf16 heads differ by > 1e-2
+        tiny_model.get_output_embeddings().weight.mul_(100.0)
+    model = acc.prepare(tiny_model)
+    batch = shared_prompt_batch(tiny_model.config.vocab_size, prompt=20, tails=(6, 3))
+    kept: list[object] = []
+    hook = tiny_model.register_forward_pre_hook(
+        lambda _m, _a, kwargs: kept.append(kwargs.get("logits_to_keep")), with_kwargs=True
+    )
+    try:
+        with torch.no_grad():
+            out = token_logprobs(
+                acc, model, batch.input_ids, batch.attention_mask, batch.loss_mask[:, 1:], share_prefix=True
+            )
+    finally:
+        hook.remove()
+    assert kept[-2:] == [1, 1]  # the prefix pass and the rows' pass, both projected
+    assert out.forwarded_tokens == 20 + 2 * 6
+
+
+def test_the_prefix_is_not_shared_under_checkpointing_left_padding_or_when_short(tiny_model):
+    from rlf_trainer.algorithms.optimize import prefix_to_share
+
+    acc = fresh_accelerator("no")
+    batch = shared_prompt_batch(tiny_model.config.vocab_size, prompt=20, tails=(6, 3))
+    ids, mask = batch.input_ids, batch.attention_mask
+    assert prefix_to_share(acc, tiny_model, ids, mask) == 20
+    left_ids, left_mask = torch.stack([ids[0], ids[1].roll(3)]), torch.stack([mask[0], mask[1].roll(3)])
+    assert prefix_to_share(acc, tiny_model, left_ids, left_mask) == 0
+    short = shared_prompt_batch(tiny_model.config.vocab_size, prompt=15, tails=(6, 3))
+    assert prefix_to_share(acc, tiny_model, short.input_ids, short.attention_mask) == 0
+    tiny_model.gradient_checkpointing_enable()  # transformers drops the cache in checkpointed layers
+    assert prefix_to_share(acc, tiny_model, ids, mask) == 0
+
+
+def test_group_micro_batches_with_their_prompt_forwarded_once_give_the_plain_update(tiny_model_dir):
+    """Two groups of two, two micro-batches: with ``shared_prefix`` each micro-batch is one group whose
+    prompt runs once; the step (loss, KL, weights) is the plain one's, on 2 x 24 fewer tokens."""
+    from transformers import AutoModelForCausalLM
+
+    results = []
+    for share in (False, True):
+        config = from_dict(
+            {
+                "model": {"path": "unused"},
+                "algorithm": {"loss": "grpo", "group_size": 2, "beta": 0.1},
+                "optim": {"lr": 1e-2, "max_grad_norm": 0.0, "gradient_accumulation_steps": 2},
+                "shared_prefix": share,
+            }
+        )
+        accelerator = fresh_accelerator("no")
+        accelerator.gradient_accumulation_steps = 2
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        ref_model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+        learner = Learner(config, accelerator, model, ref_model, optimizer, scheduler)
+        batch = shared_prompt_batch(model.config.vocab_size, prompt=24, tails=(10, 4), groups=2)
+        advantages = torch.tensor([[1.0], [-1.0], [0.5], [-0.5]]).expand_as(batch.loss_mask).float()
+        metrics = update(learner, batch, advantages * batch.loss_mask, keep=[0, 1, 2, 3])
+        results.append((metrics, {k: v.detach().clone() for k, v in model.state_dict().items()}))
+    (plain, plain_params), (shared, shared_params) = results
+    assert shared["update/tokens"] == plain["update/tokens"] - 2 * 24
+    assert shared["loss"] == pytest.approx(plain["loss"], abs=1e-6)
+    assert shared["kl"] == pytest.approx(plain["kl"], abs=1e-6)
+    for name, value in plain_params.items():
+        assert torch.allclose(shared_params[name], value, atol=1e-6), name

@@ -50,11 +50,15 @@ from rlf_trainer.algorithms.losses import (
 )
 from rlf_trainer.algorithms.optimize import (
     Learner,
+    can_share_prefix,
+    prefix_to_share,
     samples_with_trained_model,
+    shares_prefix,
     step_optimizer,
     sync_weights,
     token_logprobs,
 )
+from rlf_trainer.algorithms.shared_prefix import forwarded_positions, micro_batch_rows
 from rlf_trainer.observe.metrics import rollout_metrics
 from rlf_trainer.rollout.batch import RolloutBatch
 from rlf_trainer.rollout.collect import Prefetch, RolloutState, collect
@@ -332,13 +336,17 @@ def frozen_old_logprobs(learner: Learner, batch: RolloutBatch, keep: list[int]) 
         return None
     frozen = torch.zeros_like(batch.old_logprobs[:, 1:])
     with torch.no_grad():
-        for rows in length_sorted_split(
-            batch, np.array(keep, dtype=np.int64), acc.gradient_accumulation_steps
-        ):
+        for rows in split_micro_batches(learner, batch, np.array(keep, dtype=np.int64)):
             if len(rows):
                 micro = batch.select(rows.tolist()).to(acc.device)
-                trained = micro.loss_mask[:, 1:]
-                forward = token_logprobs(acc, learner.model, micro.input_ids, micro.attention_mask, trained)
+                forward = token_logprobs(
+                    acc,
+                    learner.model,
+                    micro.input_ids,
+                    micro.attention_mask,
+                    micro.loss_mask[:, 1:],
+                    share_prefix=shares_prefix(learner.config),
+                )
                 frozen[rows, : micro.input_ids.shape[1] - 1] = forward.logp.cpu()
     return frozen
 
@@ -359,8 +367,8 @@ def optimizer_step(
     actually forwarded (``rows``, over every process), which weigh the metrics. Also returns
     this process's (real, forwarded) token counts.
     """
-    acc, variant = learner.accelerator, learner.config.algorithm.loss
-    micro_rows = length_sorted_split(batch, rows, acc.gradient_accumulation_steps)
+    acc, variant, share = learner.accelerator, learner.config.algorithm.loss, shares_prefix(learner.config)
+    micro_rows = split_micro_batches(learner, batch, rows)
     sums: dict[str, float] = defaultdict(float)
     tokens = {"real": 0.0, "forwarded": 0.0}  # this process's, for update/pad_fraction
 
@@ -383,19 +391,23 @@ def optimizer_step(
             return loss * 0.0, 1.0
         for key, value in metrics.items():
             sums[key] += value * metric_weight(key, micro, signal_norm, acc.num_processes, variant)
-        tokens["real"] += float(micro.attention_mask.sum())
-        tokens["forwarded"] += float(micro.attention_mask.numel())
+        prefix = prefix_to_share(acc, learner.model, micro.input_ids, micro.attention_mask) if share else 0
+        forwarded, real = forwarded_positions(micro.attention_mask, prefix)
+        tokens["real"] += real
+        tokens["forwarded"] += forwarded
         return loss, 1.0  # the loss is already this micro-batch's share of the step's
 
     grad_norm = step_optimizer(learner, micro_loss)
     return dict(sums), grad_norm, (tokens["real"], tokens["forwarded"])
 
 
-def length_sorted_split(batch: RolloutBatch, rows: np.ndarray, parts: int) -> list[np.ndarray]:
-    """``rows`` in ``parts`` micro-batches of similar lengths (longest first): each micro-batch is
-    trimmed to its longest row, so sorting first keeps the padding small."""
-    lengths = batch.attention_mask[torch.as_tensor(rows, dtype=torch.long)].sum(dim=1).numpy()
-    return np.array_split(rows[np.argsort(-lengths, kind="stable")], parts)
+def split_micro_batches(learner: Learner, batch: RolloutBatch, rows: np.ndarray) -> list[np.ndarray]:
+    """``rows`` in ``gradient_accumulation_steps`` micro-batches of similar lengths, or, with
+    ``shared_prefix``, a group's rows together when their prompt forwarded once saves positions."""
+    sharing = shares_prefix(learner.config) and can_share_prefix(learner.accelerator, learner.model)
+    groups = [s.group for s in batch.stats] if sharing else None
+    parts = learner.accelerator.gradient_accumulation_steps
+    return micro_batch_rows(batch.input_ids, batch.attention_mask, rows, parts, groups)
 
 
 def micro_batch_loss(
@@ -410,7 +422,14 @@ def micro_batch_loss(
     algo = learner.config.algorithm
     mask = micro.loss_mask[:, 1:].float()
     # log pi_theta(x_t | x_<t) of every trained token, at temperature 1 (the sampler records raw logprobs)
-    forward = token_logprobs(learner.accelerator, learner.model, micro.input_ids, micro.attention_mask, mask)
+    forward = token_logprobs(
+        learner.accelerator,
+        learner.model,
+        micro.input_ids,
+        micro.attention_mask,
+        mask,
+        share_prefix=shares_prefix(learner.config),
+    )
     logp = forward.logp
     sampler_logp = micro.old_logprobs[:, 1:]
     # guidance: demonstrations have no sampler, so the ratio, clip, TIS and KL terms see only the
@@ -481,11 +500,12 @@ def metric_weight(key: str, micro: RolloutBatch, norm: Normaliser, processes: in
 def reference_logprobs(learner: Learner, micro: RolloutBatch) -> torch.Tensor:
     """Trained tokens' log-probs under the reference: a frozen copy, or the LoRA base with adapters off."""
     args = (micro.input_ids, micro.attention_mask, micro.loss_mask[:, 1:])
+    share = shares_prefix(learner.config)
     with torch.no_grad():
         if learner.ref_model is not None:
-            return token_logprobs(learner.accelerator, learner.ref_model, *args).logp
+            return token_logprobs(learner.accelerator, learner.ref_model, *args, share_prefix=share).logp
         with learner.accelerator.unwrap_model(learner.model).disable_adapter():
-            return token_logprobs(learner.accelerator, learner.model, *args).logp
+            return token_logprobs(learner.accelerator, learner.model, *args, share_prefix=share).logp
 
 
 def sampler_kl_without_update(learner: Learner, batch: RolloutBatch, rows: list[int]) -> float:
@@ -502,7 +522,12 @@ def sampler_kl_without_update(learner: Learner, batch: RolloutBatch, rows: list[
     mask = micro.loss_mask[:, 1:]
     with torch.no_grad():
         logp = token_logprobs(
-            learner.accelerator, learner.model, micro.input_ids, micro.attention_mask, mask
+            learner.accelerator,
+            learner.model,
+            micro.input_ids,
+            micro.attention_mask,
+            mask,
+            share_prefix=shares_prefix(learner.config),
         ).logp
     return float(approx_kl(logp, micro.old_logprobs[:, 1:], mask.float()))
 

@@ -24,8 +24,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlf_trainer.algorithms.optimize import Learner, step_optimizer, sync_weights, token_logprobs
+from rlf_trainer.algorithms.optimize import (
+    Learner,
+    shares_prefix,
+    step_optimizer,
+    sync_weights,
+    token_logprobs,
+)
 from rlf_trainer.algorithms.sft_data import SFTData, SFTExample
+from rlf_trainer.algorithms.shared_prefix import micro_batch_rows
 from rlf_trainer.prompts import PromptSampler
 
 
@@ -67,23 +74,32 @@ def sft_step(
     total_tokens = float(acc.reduce(torch.tensor(local_tokens, device=acc.device), reduction="sum"))
     # micro-batches of similar lengths, each trimmed to its longest example: little padding
     lengths = batch["attention_mask"].sum(dim=1)
-    order = np.argsort(-lengths.numpy(), kind="stable")
-    micro_rows = np.array_split(order, acc.gradient_accumulation_steps)
-    nll_sum, forwarded = 0.0, 0
+    micro_rows = micro_batch_rows(
+        batch["input_ids"], batch["attention_mask"], np.arange(len(lengths)), acc.gradient_accumulation_steps
+    )
+    nll_sum, forwarded, real = 0.0, 0, 0
     learner.model.train()
 
     # 2. micro-batches: every process runs the same number of passes (collectives stay in step)
     def micro_loss(index: int) -> tuple[torch.Tensor, float]:
-        nonlocal nll_sum, forwarded
+        nonlocal nll_sum, forwarded, real
         rows = micro_rows[index]
         picked = rows.tolist() or [0]
         weight = 0.0 if not len(rows) else 1.0
         width = int(lengths[picked].max())
         micro = {k: v[picked, :width].to(acc.device) for k, v in batch.items()}
-        forwarded += len(rows) * width
         trained = micro["loss_mask"][:, 1:]
-        logp = token_logprobs(acc, learner.model, micro["input_ids"], micro["attention_mask"], trained).logp
-        nll = -(logp * trained.float()).sum() * weight
+        forward = token_logprobs(
+            acc,
+            learner.model,
+            micro["input_ids"],
+            micro["attention_mask"],
+            trained,
+            share_prefix=shares_prefix(cfg),
+        )
+        if len(rows):
+            forwarded, real = forwarded + forward.forwarded_tokens, real + forward.real_tokens
+        nll = -(forward.logp * trained.float()).sum() * weight
         nll_sum += float(nll.detach())
         return nll, max(total_tokens, 1.0)  # the token mean over the whole step's batch
 
@@ -98,8 +114,8 @@ def sft_step(
         "lr": learner.scheduler.get_last_lr()[0],
     }
     if forwarded:
-        metrics["update/pad_fraction"] = 1.0 - float(lengths.sum()) / forwarded
-        metrics["update/tokens"] = float(lengths.sum())
+        metrics["update/pad_fraction"] = 1.0 - real / forwarded
+        metrics["update/tokens"] = float(real)
     learner.scheduler.step()
     if grad_norm is not None:
         metrics["grad_norm"] = grad_norm

@@ -82,11 +82,10 @@ def shares_prefix(config: Config) -> bool:
     """Whether the update forwards a micro-batch's common prefix once (``shared_prefix``, resolved).
 
     ``auto``: where the update computes in fp32 (``mixed_precision`` resolved to ``no``, fp32
-    weights). There the matmuls dominate and the prefix's tokens are a fifth of the forwarded ones;
-    in bf16 on a CPU the attention dominates, and the rows' own tokens attend over the cached
-    prefix through an explicit mask, which the CPU kernel computes in full: the DeepSearch
-    recipe's update took 48.8 s a step in fp32 with it, and in bf16 25.9 s with it against 21 s
-    without (docs/benchmarks.md).
+    weights). There the matmuls dominate and a group's prompt is about half of its tokens: the
+    DeepSearch recipe's GRPO update took 23.5 s a step instead of 35.5 (2 threads). In bf16 on a
+    CPU the attention dominates, and the rows' tokens attend over the cached prefix through an
+    explicit mask, which the CPU kernel computes in full: 21.7 s against 21.4 (docs/benchmarks.md).
 
     >>> from rlf_trainer.config import from_dict
     >>> shares_prefix(from_dict({"model": {"path": "m"}, "mixed_precision": "no"}))

@@ -7,8 +7,9 @@ rows' own tokens on top: the same last hidden states as one pass over the whole 
 rounding, with the gradient reaching the prefix's computation through the cached keys and values.
 :func:`micro_batch_rows` picks micro-batches that share prefixes when that forwards fewer tokens.
 
-Why not packing with a block-diagonal mask: on a CPU an explicit mask makes SDPA compute every
-block, while the suffix pass here attends over ``prefix + own`` keys only.
+Why not packing a group into one row with a block mask: the CPU kernel computes every block of an
+explicit mask, all ``(P + S_1 + ... + S_n)^2`` scores; here row ``i``'s tokens score ``S_i x (P + S_i)``.
+Where it pays (fp32 on a CPU, not bf16): ``optimize.shares_prefix``.
 """
 
 from __future__ import annotations

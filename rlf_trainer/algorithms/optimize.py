@@ -157,7 +157,9 @@ def token_logprobs(
     return TokenLogprobs(logp, mean_entropy, forwarded, real)
 
 
-def prefix_to_share(accelerator: Any, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:
+def prefix_to_share(
+    accelerator: Any, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> int:
     """How many leading tokens of a micro-batch :func:`token_logprobs` with ``share_prefix`` runs
     once for every row: the rows' common prefix when it is at least ``MIN_SHARED_TOKENS`` long, the
     batch is right-padded and the model can take it (:func:`can_share_prefix`), else 0."""

@@ -12,7 +12,10 @@ Parts, each timed and reported on its own (a part that fails records its error a
    search, whatever a random model wrote): episodes/s of both and the ratio.
 4. ``launch``: ``accelerate launch --num_processes 1 examples/train.py`` on tiny_test.yaml with this
    model, 2 steps: the launcher's start-up path (the one multi-GPU runs take) on the one device.
-5. peak GPU memory (``torch.cuda.max_memory_allocated`` and ``nvidia-smi``).
+5. ``shared_prefix``: the update's forward and backward over one GRPO group, rows whole and with
+   their prompt forwarded once (``shared_prefix``), in the run's precision: seconds of each and the
+   log-prob gap (on a CPU sharing pays in fp32 only; this says whether ``auto`` should on a GPU).
+6. peak GPU memory (``torch.cuda.max_memory_allocated`` and ``nvidia-smi``).
 
 ``--dry-run`` runs the same code path small: the tiny random Qwen3, few prompts and episodes, on
 whatever vLLM is installed (the CPU build in ``.venv-vllm``); the test suite runs it so the script
@@ -246,6 +249,49 @@ def check_rollout(shape: GPUCheckShape, model: Path) -> dict[str, Any]:
     return rows
 
 
+def check_shared_prefix(shape: GPUCheckShape, model: Path) -> dict[str, Any]:
+    """One group's update forward + backward, whole rows vs the prompt shared; best of 2 each."""
+    import torch
+    from accelerate import Accelerator
+    from transformers import AutoModelForCausalLM
+
+    from rlf_trainer.algorithms.optimize import token_logprobs
+    from rlf_trainer.run.precision import resolve_mixed_precision
+
+    # the precision check_grpo's trainer set up (Accelerate keeps one per process)
+    accelerator = Accelerator(mixed_precision=resolve_mixed_precision("auto") if shape.dry else "bf16")
+    net = accelerator.prepare(AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32))
+    rows, prompt, own = (2, 24, 8) if shape.dry else (8, 1024, 512)
+    generator = torch.Generator().manual_seed(0)
+    vocab = net.config.vocab_size
+    head, tails = torch.randint(3, vocab, (prompt,), generator=generator), torch.randint(3, vocab, (rows, own), generator=generator)  # fmt: skip
+    ids = torch.cat([head.expand(rows, -1), tails], dim=1).to(accelerator.device)
+    mask, trained = torch.ones_like(ids), torch.zeros_like(ids[:, 1:])
+    trained[:, prompt - 1 :] = 1
+    seconds: dict[bool, list[float]] = {False: [], True: []}
+    logp: dict[bool, Any] = {}
+    for share in (False, True, False, True):
+        net.zero_grad(set_to_none=True)
+        _sync()
+        started = time.perf_counter()
+        result = token_logprobs(accelerator, net, ids, mask, trained, share_prefix=share)
+        result.logp.sum().backward()
+        _sync()
+        seconds[share].append(time.perf_counter() - started)
+        logp[share] = result.logp.detach()
+    whole, shared = min(seconds[False]), min(seconds[True])
+    return {"precision": accelerator.mixed_precision, "rows": rows, "prompt_tokens": prompt, "own_tokens": own,
+            "whole_s": whole, "shared_s": shared, "whole_over_shared": whole / shared,
+            "max_logp_gap": float((logp[True] - logp[False]).abs().max())}  # fmt: skip
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def gpu_memory() -> dict[str, Any]:
     import torch
 
@@ -278,6 +324,7 @@ def run_gpu_check(shape: GPUCheckShape, out: Path, log: Callable[[str], None] = 
         "grpo": lambda: check_grpo(shape, model, out / "runs"),
         "rollout": lambda: check_rollout(shape, model),
         "launch": lambda: check_launch(shape, model, out / "runs"),
+        "shared_prefix": lambda: check_shared_prefix(shape, model),
     }
     for name, part in parts.items():
         t0 = time.perf_counter()

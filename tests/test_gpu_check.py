@@ -50,9 +50,12 @@ def check_report_shape(report: dict) -> None:
         and [s["step"] for s in launch["steps"]] == [1, 2]
         and launch["exported_model"]
     )
+    shared = report["shared_prefix"]  # the same log-probs both ways, up to the run's rounding
+    assert shared["whole_over_shared"] == pytest.approx(shared["whole_s"] / shared["shared_s"])
+    assert shared["max_logp_gap"] < (1e-4 if shared["precision"] == "no" else 0.1), shared
 
 
-# the dry run's own bound (run_dry): 4 parts, one an accelerate launch, on 2 shared cores
+# the dry run's own bound (run_dry): 5 parts, one an accelerate launch, on 2 shared cores
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(HAS_VLLM, reason="the vLLM venv runs the vLLM variant below")
 def test_dry_run_without_vllm_falls_back_to_hf(tmp_path):

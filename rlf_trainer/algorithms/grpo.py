@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from typing import Any
 
 import numpy as np
 import torch
@@ -50,6 +51,7 @@ from rlf_trainer.algorithms.losses import (
 )
 from rlf_trainer.algorithms.optimize import (
     Learner,
+    TokenLogprobs,
     can_share_prefix,
     prefix_to_share,
     samples_with_trained_model,
@@ -339,14 +341,7 @@ def frozen_old_logprobs(learner: Learner, batch: RolloutBatch, keep: list[int]) 
         for rows in split_micro_batches(learner, batch, np.array(keep, dtype=np.int64)):
             if len(rows):
                 micro = batch.select(rows.tolist()).to(acc.device)
-                forward = token_logprobs(
-                    acc,
-                    learner.model,
-                    micro.input_ids,
-                    micro.attention_mask,
-                    micro.loss_mask[:, 1:],
-                    share_prefix=shares_prefix(learner.config),
-                )
+                forward = rows_logprobs(learner, learner.model, micro, micro.loss_mask[:, 1:])
                 frozen[rows, : micro.input_ids.shape[1] - 1] = forward.logp.cpu()
     return frozen
 
@@ -422,14 +417,7 @@ def micro_batch_loss(
     algo = learner.config.algorithm
     mask = micro.loss_mask[:, 1:].float()
     # log pi_theta(x_t | x_<t) of every trained token, at temperature 1 (the sampler records raw logprobs)
-    forward = token_logprobs(
-        learner.accelerator,
-        learner.model,
-        micro.input_ids,
-        micro.attention_mask,
-        mask,
-        share_prefix=shares_prefix(learner.config),
-    )
+    forward = rows_logprobs(learner, learner.model, micro, mask)
     logp = forward.logp
     sampler_logp = micro.old_logprobs[:, 1:]
     # guidance: demonstrations have no sampler, so the ratio, clip, TIS and KL terms see only the
@@ -497,15 +485,23 @@ def metric_weight(key: str, micro: RolloutBatch, norm: Normaliser, processes: in
 
 
 # --------------------------------------------------------------------------------------------- forward passes
+def rows_logprobs(learner: Learner, model: Any, micro: RolloutBatch, trained: torch.Tensor) -> TokenLogprobs:
+    """:func:`~rlf_trainer.algorithms.optimize.token_logprobs` of ``micro``'s rows under ``model``,
+    with the run's ``shared_prefix``."""
+    share = shares_prefix(learner.config)
+    return token_logprobs(
+        learner.accelerator, model, micro.input_ids, micro.attention_mask, trained, share_prefix=share
+    )
+
+
 def reference_logprobs(learner: Learner, micro: RolloutBatch) -> torch.Tensor:
     """Trained tokens' log-probs under the reference: a frozen copy, or the LoRA base with adapters off."""
-    args = (micro.input_ids, micro.attention_mask, micro.loss_mask[:, 1:])
-    share = shares_prefix(learner.config)
+    trained = micro.loss_mask[:, 1:]
     with torch.no_grad():
         if learner.ref_model is not None:
-            return token_logprobs(learner.accelerator, learner.ref_model, *args, share_prefix=share).logp
+            return rows_logprobs(learner, learner.ref_model, micro, trained).logp
         with learner.accelerator.unwrap_model(learner.model).disable_adapter():
-            return token_logprobs(learner.accelerator, learner.model, *args, share_prefix=share).logp
+            return rows_logprobs(learner, learner.model, micro, trained).logp
 
 
 def sampler_kl_without_update(learner: Learner, batch: RolloutBatch, rows: list[int]) -> float:
@@ -521,14 +517,7 @@ def sampler_kl_without_update(learner: Learner, batch: RolloutBatch, rows: list[
     micro = batch.select(picked).to(learner.accelerator.device)
     mask = micro.loss_mask[:, 1:]
     with torch.no_grad():
-        logp = token_logprobs(
-            learner.accelerator,
-            learner.model,
-            micro.input_ids,
-            micro.attention_mask,
-            mask,
-            share_prefix=shares_prefix(learner.config),
-        ).logp
+        logp = rows_logprobs(learner, learner.model, micro, mask).logp
     return float(approx_kl(logp, micro.old_logprobs[:, 1:], mask.float()))
 
 

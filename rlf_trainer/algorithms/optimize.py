@@ -84,8 +84,10 @@ def shares_prefix(config: Config) -> bool:
     ``auto``: where the update computes in fp32 (``mixed_precision`` resolved to ``no``, fp32
     weights). There the matmuls dominate and a group's prompt is about half of its tokens: the
     DeepSearch recipe's GRPO update took 23.5 s a step instead of 35.5 (2 threads). In bf16 on a
-    CPU the attention dominates, and the rows' tokens attend over the cached prefix through an
-    explicit mask, which the CPU kernel computes in full: 21.7 s against 21.4 (docs/benchmarks.md).
+    CPU the matmuls are a smaller share: the attention barely shrinks (the rows' tokens attend over
+    the cached prefix through an explicit mask, which the CPU kernel computes in full) and each
+    micro-batch pays a second model call: 21.7 s against 21.4 at the recipe's 2 rows a
+    micro-batch, 6-7% less at 4 (docs/benchmarks.md).
 
     >>> from rlf_trainer.config import from_dict
     >>> shares_prefix(from_dict({"model": {"path": "m"}, "mixed_precision": "no"}))

@@ -202,13 +202,21 @@ def varied_batch(vocab: int, lengths: tuple[int, ...] = (30, 9, 22, 14)) -> Roll
         ids[row, :length] = torch.randint(3, vocab, (length,), generator=generator)
         attention[row, :length] = 1
         trained[row, length // 2 : length] = 1
+    return token_batch(ids, attention, trained, groups=[0] * n)
+
+
+def token_batch(
+    ids: torch.Tensor, attention: torch.Tensor, trained: torch.Tensor, groups: list[int]
+) -> RolloutBatch:
+    """A rollout batch of these token rows (no sampler log-probs, no rewards), row ``i`` in ``groups[i]``."""
+    n, width = ids.shape
     return RolloutBatch(
         input_ids=ids,
         attention_mask=attention,
         loss_mask=trained,
         old_logprobs=torch.zeros(n, width),
         rewards=torch.zeros(n),
-        stats=[EpisodeStats(task_id=str(i), group=0) for i in range(n)],
+        stats=[EpisodeStats(task_id=str(group), group=group) for group in groups],
         transcripts=[[] for _ in range(n)],
         timings={},
     )
@@ -336,16 +344,7 @@ def shared_prompt_batch(vocab: int, prompt: int, tails: tuple[int, ...], groups:
             ids[row, prompt : prompt + tail] = torch.randint(3, vocab, (tail,), generator=generator)
             attention[row, : prompt + tail] = 1
             trained[row, prompt - 3 : prompt + tail] = 1
-    return RolloutBatch(
-        input_ids=ids,
-        attention_mask=attention,
-        loss_mask=trained,
-        old_logprobs=torch.zeros(n, width),
-        rewards=torch.zeros(n),
-        stats=[EpisodeStats(task_id=str(r // len(tails)), group=r // len(tails)) for r in range(n)],
-        transcripts=[[] for _ in range(n)],
-        timings={},
-    )
+    return token_batch(ids, attention, trained, groups=[row // len(tails) for row in range(n)])
 
 
 def test_a_shared_prefix_forwarded_once_gives_the_plain_logprobs_and_gradients(tiny_model):

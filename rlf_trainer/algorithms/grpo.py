@@ -53,14 +53,13 @@ from rlf_trainer.algorithms.optimize import (
     Learner,
     TokenLogprobs,
     can_share_prefix,
-    prefix_to_share,
     samples_with_trained_model,
     shares_prefix,
     step_optimizer,
     sync_weights,
     token_logprobs,
 )
-from rlf_trainer.algorithms.shared_prefix import forwarded_positions, micro_batch_rows
+from rlf_trainer.algorithms.shared_prefix import micro_batch_rows
 from rlf_trainer.observe.metrics import rollout_metrics
 from rlf_trainer.rollout.batch import RolloutBatch
 from rlf_trainer.rollout.collect import Prefetch, RolloutState, collect
@@ -362,7 +361,7 @@ def optimizer_step(
     actually forwarded (``rows``, over every process), which weigh the metrics. Also returns
     this process's (real, forwarded) token counts.
     """
-    acc, variant, share = learner.accelerator, learner.config.algorithm.loss, shares_prefix(learner.config)
+    acc, variant = learner.accelerator, learner.config.algorithm.loss
     micro_rows = split_micro_batches(learner, batch, rows)
     sums: dict[str, float] = defaultdict(float)
     tokens = {"real": 0.0, "forwarded": 0.0}  # this process's, for update/pad_fraction
@@ -377,7 +376,7 @@ def optimizer_step(
         micro = (micro.first_tokens(2) if dummy else micro).to(acc.device)
         adv = advantages[picked, : micro.input_ids.shape[1]].to(acc.device)
         old = None if old_logp is None else old_logp[picked, : micro.input_ids.shape[1] - 1].to(acc.device)
-        loss, metrics = micro_batch_loss(learner, micro, adv, old, norm, measure_sampler_kl)
+        loss, metrics, forward = micro_batch_loss(learner, micro, adv, old, norm, measure_sampler_kl)
         if dummy:
             # Where another process forwards episodes, this one still names every metric, with
             # weight 0: the mean over processes averages those that have a key.
@@ -386,10 +385,8 @@ def optimizer_step(
             return loss * 0.0, 1.0
         for key, value in metrics.items():
             sums[key] += value * metric_weight(key, micro, signal_norm, acc.num_processes, variant)
-        prefix = prefix_to_share(acc, learner.model, micro.input_ids, micro.attention_mask) if share else 0
-        forwarded, real = forwarded_positions(micro.attention_mask, prefix)
-        tokens["real"] += real
-        tokens["forwarded"] += forwarded
+        tokens["real"] += forward.real_tokens
+        tokens["forwarded"] += forward.forwarded_tokens
         return loss, 1.0  # the loss is already this micro-batch's share of the step's
 
     grad_norm = step_optimizer(learner, micro_loss)
@@ -412,8 +409,9 @@ def micro_batch_loss(
     old_logp: torch.Tensor | None,
     norm: Normaliser,
     measure_sampler_kl: bool = False,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Forward pass and this micro-batch's share of its optimizer step's loss (``advantages`` ``[n, T]``)."""
+) -> tuple[torch.Tensor, dict[str, float], TokenLogprobs]:
+    """Forward pass and this micro-batch's share of its optimizer step's loss (``advantages`` ``[n, T]``),
+    its metrics, and the forward (its positions run, for the padding share)."""
     algo = learner.config.algorithm
     mask = micro.loss_mask[:, 1:].float()
     # log pi_theta(x_t | x_<t) of every trained token, at temperature 1 (the sampler records raw logprobs)
@@ -459,7 +457,7 @@ def micro_batch_loss(
         for constant in _RATIO_ONE_METRICS:
             if constant != "loss" or algo.beta == 0:  # with a KL penalty the loss still moves
                 out.pop(constant, None)
-    return loss, out
+    return loss, out, forward
 
 
 def demonstration_rows(micro: RolloutBatch, device: torch.device) -> torch.Tensor | None:

@@ -18,6 +18,7 @@ from rlf_trainer.algorithms.losses import chunked_selective_log_softmax, selecti
 from rlf_trainer.algorithms.shared_prefix import (
     MIN_SHARED_TOKENS,
     common_prefix_length,
+    first_outputs,
     forwarded_positions,
     shared_prefix_hidden,
 )
@@ -239,12 +240,8 @@ def _decoder_hidden(
     model: Any, core: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
 ) -> tuple[torch.Tensor, list]:
     """The decoder's last hidden states from one pass over the whole rows, and the pass's output."""
-    captured: list[torch.Tensor] = []
-    hook = core.get_decoder().register_forward_hook(lambda _m, _i, out: captured.append(out[0]))
-    try:
+    with first_outputs(core.get_decoder()) as captured:
         out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=1)
-    finally:
-        hook.remove()
     return captured[0], [out]
 
 
@@ -269,16 +266,12 @@ def _probe_projection(core: Any) -> bool:
     if not (callable(get_decoder) and callable(get_head)) or get_head() is None:
         return False
     probe = torch.arange(1, 9, device=next(core.parameters()).device).unsqueeze(0)
-    captured: list[torch.Tensor] = []
-    hook = get_decoder().register_forward_hook(lambda _m, _i, out: captured.append(out[0]))
     try:
-        with torch.no_grad():
+        with torch.no_grad(), first_outputs(get_decoder()) as captured:
             logits = core(input_ids=probe, use_cache=False, logits_to_keep=1).logits[:, -1].float()
             projected = get_head()(captured[0][:, -1]).float()
     except TypeError:  # a forward without logits_to_keep
         return False
-    finally:
-        hook.remove()
     # run under the caller's autocast, both sides round alike; a cap or a scale moves logits by far more
     return bool(torch.allclose(logits, projected, rtol=1e-2, atol=1e-2))
 

@@ -14,7 +14,8 @@ Where it pays (fp32 on a CPU, not bf16): ``optimize.shares_prefix``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -67,19 +68,27 @@ def shared_prefix_hidden(
     from transformers import DynamicCache
 
     rows = input_ids.shape[0]
-    captured: list[torch.Tensor] = []
-    hook = decoder.register_forward_hook(lambda _m, _i, out: captured.append(out[0]))
     cache = DynamicCache(config=decoder.config)
-    try:
+    with first_outputs(decoder) as captured:
         head = model(
             input_ids=input_ids[:1, :prefix], past_key_values=cache, use_cache=True, logits_to_keep=1
         )
         cache.batch_repeat_interleave(rows)  # a copy per row, differentiable back to the one prefix
         tail = model(input_ids=input_ids[:, prefix:], past_key_values=cache, use_cache=True, logits_to_keep=1)
-    finally:
-        hook.remove()
     hidden = torch.cat([captured[0].expand(rows, -1, -1), captured[1]], dim=1)
     return hidden, [head, tail]
+
+
+@contextmanager
+def first_outputs(module: Any) -> Iterator[list[torch.Tensor]]:
+    """Within the block, the first output of every call of ``module`` (a decoder's last hidden
+    states), appended to the yielded list by a forward hook that is removed on exit."""
+    captured: list[torch.Tensor] = []
+    hook = module.register_forward_hook(lambda _m, _i, out: captured.append(out[0]))
+    try:
+        yield captured
+    finally:
+        hook.remove()
 
 
 def micro_batch_rows(
@@ -136,6 +145,7 @@ def _positions(input_ids: torch.Tensor, attention_mask: torch.Tensor, split: lis
 __all__ = [
     "MIN_SHARED_TOKENS",
     "common_prefix_length",
+    "first_outputs",
     "forwarded_positions",
     "micro_batch_rows",
     "shared_prefix_hidden",

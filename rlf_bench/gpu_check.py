@@ -14,7 +14,8 @@ Parts, each timed and reported on its own (a part that fails records its error a
    model, 2 steps: the launcher's start-up path (the one multi-GPU runs take) on the one device.
 5. ``shared_prefix``: the update's forward and backward over one GRPO group, rows whole and with
    their prompt forwarded once (``shared_prefix``), in the run's precision: seconds of each and the
-   log-prob gap (on a CPU sharing pays in fp32 only; this says whether ``auto`` should on a GPU).
+   log-prob gap (on a CPU sharing pays with a group a micro-batch; this says whether ``auto`` should
+   share on a GPU).
 6. peak GPU memory (``torch.cuda.max_memory_allocated`` and ``nvidia-smi``).
 
 ``--dry-run`` runs the same code path small: the tiny random Qwen3, few prompts and episodes, on

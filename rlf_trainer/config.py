@@ -123,8 +123,8 @@ class Config(Section):
     mixed_precision: Annotated[Literal["auto", "no", "bf16", "fp16"], BeforeValidator(_yaml_no)] = "auto"
     gradient_checkpointing: bool = False
     compile: bool = False  # torch.compile each decoder layer for the update (rlf_trainer.run.compile)
-    # the update forwards a micro-batch's common prefix (a group's prompt) once; auto: where it
-    # computes in fp32 (rlf_trainer.algorithms.shared_prefix, optimize.shares_prefix)
+    # the update forwards a micro-batch's common prefix (a group's prompt) once; auto: on a CPU
+    # (rlf_trainer.algorithms.shared_prefix, optimize.shares_prefix)
     shared_prefix: Literal["auto"] | bool = "auto"
 
     @property

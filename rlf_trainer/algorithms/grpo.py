@@ -396,10 +396,12 @@ def optimizer_step(
 def split_micro_batches(learner: Learner, batch: RolloutBatch, rows: np.ndarray) -> list[np.ndarray]:
     """``rows`` in ``gradient_accumulation_steps`` micro-batches of similar lengths, or, with
     ``shared_prefix``, a group's rows together when their prompt forwarded once saves positions."""
-    sharing = shares_prefix(learner.config) and can_share_prefix(learner.accelerator, learner.model)
+    acc = learner.accelerator
+    sharing = shares_prefix(learner.config, acc.device.type) and can_share_prefix(acc, learner.model)
     groups = [s.group for s in batch.stats] if sharing else None
-    parts = learner.accelerator.gradient_accumulation_steps
-    return micro_batch_rows(batch.input_ids, batch.attention_mask, rows, parts, groups)
+    return micro_batch_rows(
+        batch.input_ids, batch.attention_mask, rows, acc.gradient_accumulation_steps, groups
+    )
 
 
 def micro_batch_loss(
@@ -486,7 +488,7 @@ def metric_weight(key: str, micro: RolloutBatch, norm: Normaliser, processes: in
 def rows_logprobs(learner: Learner, model: Any, micro: RolloutBatch, trained: torch.Tensor) -> TokenLogprobs:
     """:func:`~rlf_trainer.algorithms.optimize.token_logprobs` of ``micro``'s rows under ``model``,
     with the run's ``shared_prefix``."""
-    share = shares_prefix(learner.config)
+    share = shares_prefix(learner.config, learner.accelerator.device.type)
     return token_logprobs(
         learner.accelerator, model, micro.input_ids, micro.attention_mask, trained, share_prefix=share
     )

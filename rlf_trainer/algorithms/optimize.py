@@ -20,6 +20,7 @@ from rlf_trainer.algorithms.shared_prefix import (
     common_prefix_length,
     first_outputs,
     forwarded_positions,
+    no_logits,
     shared_prefix_hidden,
 )
 from rlf_trainer.config import Config
@@ -79,26 +80,25 @@ def rounds_stochastically(config: Config) -> bool:
     return config.optim.stochastic_rounding and config.mixed_precision == "bf16"
 
 
-def shares_prefix(config: Config) -> bool:
-    """Whether the update forwards a micro-batch's common prefix once (``shared_prefix``, resolved).
+def shares_prefix(config: Config, device_type: str = "cpu") -> bool:
+    """Whether the update forwards a micro-batch's common prefix once (``shared_prefix``, resolved)
+    on a ``device_type`` device.
 
-    ``auto``: where the update computes in fp32 (``mixed_precision`` resolved to ``no``, fp32
-    weights). There the matmuls dominate and a group's prompt is about half of its tokens: the
-    DeepSearch recipe's GRPO update took 23.5 s a step instead of 35.5 (2 threads). In bf16 on a
-    CPU the matmuls are a smaller share: the attention barely shrinks (the rows' tokens attend over
-    the cached prefix through an explicit mask, which the CPU kernel computes in full) and each
-    micro-batch pays a second model call: 21.7 s against 21.4 at the recipe's 2 rows a
-    micro-batch, 6-7% less at 4 (docs/benchmarks.md).
+    ``auto``: on a CPU, in either precision. A GRPO group's prompt is about half of its tokens;
+    the DeepSearch recipe's update of one batch (16 episodes, 2 threads) took 27-30 s in fp32 with
+    whole rows, 21-23 s with a group a micro-batch and its prompt run once; in bf16 19-21 s and
+    15-17 s. With 2 rows a micro-batch bf16 gained nothing (the attention over the prefix stays,
+    and each call has a fixed cost): configs that share keep a group in a micro-batch
+    (docs/benchmarks.md). Off on GPUs until measured there (``scripts/gpu_check.sh``).
 
     >>> from rlf_trainer.config import from_dict
-    >>> shares_prefix(from_dict({"model": {"path": "m"}, "mixed_precision": "no"}))
-    True
-    >>> shares_prefix(from_dict({"model": {"path": "m"}, "mixed_precision": "bf16"}))
-    False
+    >>> config = from_dict({"model": {"path": "m"}})
+    >>> shares_prefix(config, "cpu"), shares_prefix(config, "cuda")
+    (True, False)
     """
     if config.shared_prefix != "auto":
         return bool(config.shared_prefix)
-    return config.mixed_precision == "no" and config.model.dtype == "float32"
+    return device_type == "cpu"
 
 
 def optimizer_steps(optimizer: Any) -> int:
@@ -147,13 +147,13 @@ def token_logprobs(
     where = trained.bool()
     prefix = prefix_to_share(accelerator, model, input_ids, attention_mask) if share_prefix else 0
     forwarded, real = forwarded_positions(attention_mask, prefix)
-    attention_mask = mask_unless_right_padded(attention_mask)
     # the run's precision for the whole pass (a prepared model autocasts its own forward already)
     with accelerator.autocast():
         if _projects_plainly(core):
             logp, mean_entropy = _projected_logprobs(model, core, input_ids, attention_mask, where, prefix)
         else:
-            logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
+            mask = mask_unless_right_padded(attention_mask)
+            logits = model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits[:, :-1]
             logp = selective_log_softmax(logits, input_ids[:, 1:]).masked_fill(~where, 0.0)
             rows = logits.detach()[where]
             mean_entropy = float(token_entropy(rows).mean()) if rows.shape[0] else 0.0
@@ -214,17 +214,17 @@ def _projected_logprobs(
     model: Any,
     core: Any,
     input_ids: torch.Tensor,
-    attention_mask: torch.Tensor | None,
+    attention_mask: torch.Tensor,
     where: torch.Tensor,
     prefix: int = 0,
 ) -> tuple[torch.Tensor, float]:
     """The decoder's last hidden states (one pass, or the shared ``prefix`` then the rows' own
     tokens), projected only where ``where`` is true."""
-    # the wrapped calls (DDP) keep their gradient bookkeeping; logits for one position only
+    # the wrapped calls (DDP) keep their gradient bookkeeping; no position's logits
     if prefix:
-        hidden, outputs = shared_prefix_hidden(model, core.get_decoder(), input_ids, prefix)
+        hidden, outputs = shared_prefix_hidden(model, core.get_decoder(), input_ids, attention_mask, prefix)
     else:
-        hidden, outputs = _decoder_hidden(model, core, input_ids, attention_mask)
+        hidden, outputs = _decoder_hidden(model, core, input_ids, mask_unless_right_padded(attention_mask))
     picked, entropy = chunked_selective_log_softmax(
         hidden[:, :-1][where], core.get_output_embeddings(), input_ids[:, 1:][where], entropy=True
     )
@@ -241,7 +241,8 @@ def _decoder_hidden(
 ) -> tuple[torch.Tensor, list]:
     """The decoder's last hidden states from one pass over the whole rows, and the pass's output."""
     with first_outputs(core.get_decoder()) as captured:
-        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=1)
+        none = no_logits(input_ids.device)
+        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=none)
     return captured[0], [out]
 
 
@@ -270,7 +271,10 @@ def _probe_projection(core: Any) -> bool:
         with torch.no_grad(), first_outputs(get_decoder()) as captured:
             logits = core(input_ids=probe, use_cache=False, logits_to_keep=1).logits[:, -1].float()
             projected = get_head()(captured[0][:, -1]).float()
-    except TypeError:  # a forward without logits_to_keep
+            none = core(input_ids=probe, use_cache=False, logits_to_keep=no_logits(probe.device)).logits
+    except (TypeError, IndexError):  # a forward without logits_to_keep, or one that takes no index
+        return False
+    if none.shape[1] != 0:
         return False
     # run under the caller's autocast, both sides round alike; a cap or a scale moves logits by far more
     return bool(torch.allclose(logits, projected, rtol=1e-2, atol=1e-2))
@@ -296,7 +300,10 @@ def _probe_shared_prefix(core: Any) -> bool:
         with torch.no_grad():
             plain = _decoder_hidden(core, core, ids, None)[0][1].float()
             alone = _decoder_hidden(core, core, ids[1:], None)[0][0].float()
-            shared = shared_prefix_hidden(core, core.get_decoder(), ids, MIN_SHARED_TOKENS)[0][1].float()
+            passes = shared_prefix_hidden(
+                core, core.get_decoder(), ids, torch.ones_like(ids), MIN_SHARED_TOKENS
+            )
+            shared = passes[0][1].float()
     except (TypeError, ValueError, AttributeError, RuntimeError):  # no DynamicCache path
         return False
     finally:

@@ -95,7 +95,7 @@ def sft_step(
             micro["input_ids"],
             micro["attention_mask"],
             trained,
-            share_prefix=shares_prefix(cfg),
+            share_prefix=shares_prefix(cfg, acc.device.type),
         )
         if len(rows):
             forwarded, real = forwarded + forward.forwarded_tokens, real + forward.real_tokens

@@ -3,13 +3,14 @@
 The rows of a GRPO group start with the same prompt (system message, tool list, question): ~330 of
 the ~670 tokens of a DeepSearch episode. :func:`shared_prefix_hidden` runs the model once over the
 prefix, keeping its keys and values (a ``DynamicCache``), repeats them for every row and runs the
-rows' own tokens on top: the same last hidden states as one pass over the whole rows, up to
-rounding, with the gradient reaching the prefix's computation through the cached keys and values.
+rows' own tokens on top, in :func:`suffix_passes` that pad little: the same last hidden states as
+one pass over the whole rows, up to rounding, with the gradient reaching the prefix's computation
+through the cached keys and values.
 :func:`micro_batch_rows` picks micro-batches that share prefixes when that forwards fewer tokens.
 
 Why not packing a group into one row with a block mask: the CPU kernel computes every block of an
 explicit mask, all ``(P + S_1 + ... + S_n)^2`` scores; here row ``i``'s tokens score ``S_i x (P + S_i)``.
-Where it pays (fp32 on a CPU, not bf16): ``optimize.shares_prefix``.
+Where it pays (on a CPU, with a group a micro-batch): ``optimize.shares_prefix``.
 """
 
 from __future__ import annotations
@@ -46,37 +47,97 @@ def common_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor) 
 
 def forwarded_positions(attention_mask: torch.Tensor, prefix: int) -> tuple[int, int]:
     """``(positions run, real tokens among them)`` for a right-padded micro-batch whose first
-    ``prefix`` tokens are forwarded once (``prefix=0``: every row whole, padded to the widest).
+    ``prefix`` tokens are forwarded once, the rows' own tokens in :func:`suffix_passes` (``prefix=0``:
+    every row whole, padded to the widest).
 
     >>> forwarded_positions(torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]]), 2)
     (6, 5)
     """
     rows, width = attention_mask.shape
-    lengths = attention_mask.sum(dim=1)
-    return prefix + rows * (width - prefix), prefix + int((lengths - prefix).sum())
+    lengths = attention_mask.sum(dim=1).tolist()
+    real = prefix + sum(length - prefix for length in lengths)
+    if not prefix:
+        return rows * width, real
+    passes = suffix_passes(lengths, prefix)
+    return prefix + sum(len(picked) * (lengths[picked[0]] - prefix) for picked in passes), real
+
+
+def suffix_passes(lengths: Sequence[int], prefix: int) -> list[list[int]]:
+    """The model calls that run the rows' own tokens after a shared ``prefix``: row indices, longest
+    first, split where padding every row to its call's longest would run more positions than
+    another call costs (``MIN_SHARED_TOKENS``). A group's episodes end after 1 to 4 turns, so one
+    call for all its rows padded half of them.
+
+    >>> suffix_passes([100, 98, 40, 97], prefix=30)
+    [[0, 1, 3], [2]]
+    >>> suffix_passes([100, 98], prefix=30)
+    [[0, 1]]
+    """
+    order = sorted(range(len(lengths)), key=lambda row: -lengths[row])
+    own = [lengths[row] - prefix for row in order]
+    # cost[j]: the fewest positions (a call counted as MIN_SHARED_TOKENS) for the j longest rows
+    cost, cut = [0] + [0] * len(own), [0] * (len(own) + 1)
+    for j in range(1, len(own) + 1):
+        cost[j], cut[j] = min((cost[i] + own[i] * (j - i) + MIN_SHARED_TOKENS, i) for i in range(j))
+    passes, end = [], len(own)
+    while end:
+        passes.append(order[cut[end] : end])
+        end = cut[end]
+    return passes[::-1]
 
 
 def shared_prefix_hidden(
-    model: Any, decoder: Any, input_ids: torch.Tensor, prefix: int
+    model: Any, decoder: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix: int
 ) -> tuple[torch.Tensor, list]:
     """The decoder's last hidden states ``[n, T, H]`` of right-padded rows that share their first
-    ``prefix`` tokens, the prefix forwarded once; also the two passes' outputs (their logits keep
+    ``prefix`` tokens, the prefix forwarded once; also the passes' outputs (their empty logits keep
     every parameter in the graph). ``model`` is the callable model (wrappers included), ``decoder``
-    its decoder module, whose output is captured. No attention mask: a real token never attends
-    to the pads after it, and the suffix pass's causal mask is built from the cache's length.
+    its decoder module, whose output is captured. The rows' own tokens run in
+    :func:`suffix_passes`, each on a copy of the prefix's keys and values per row. No attention
+    mask: a real token never attends to the pads after it, and a suffix pass's causal mask is built
+    from the cache's length. Pad positions' hidden states are zeros.
     """
     from transformers import DynamicCache
 
-    rows = input_ids.shape[0]
-    cache = DynamicCache(config=decoder.config)
+    rows, width = input_ids.shape
+    lengths = attention_mask.sum(dim=1).tolist()
+    prefix_cache = DynamicCache(config=decoder.config)
+    none = no_logits(input_ids.device)
     with first_outputs(decoder) as captured:
-        head = model(
-            input_ids=input_ids[:1, :prefix], past_key_values=cache, use_cache=True, logits_to_keep=1
-        )
-        cache.batch_repeat_interleave(rows)  # a copy per row, differentiable back to the one prefix
-        tail = model(input_ids=input_ids[:, prefix:], past_key_values=cache, use_cache=True, logits_to_keep=1)
-    hidden = torch.cat([captured[0].expand(rows, -1, -1), captured[1]], dim=1)
-    return hidden, [head, tail]
+        outputs = [
+            model(
+                input_ids=input_ids[:1, :prefix],
+                past_key_values=prefix_cache,
+                use_cache=True,
+                logits_to_keep=none,
+            )
+        ]
+        pieces, order = [], []
+        for picked in suffix_passes(lengths, prefix):
+            own = lengths[picked[0]] - prefix
+            cache = DynamicCache(config=decoder.config)
+            for index, layer in enumerate(prefix_cache.layers):  # differentiable back to the one prefix
+                size = (len(picked), -1, -1, -1)
+                cache.update(layer.keys.expand(size), layer.values.expand(size), index)
+            ids = input_ids[picked, prefix : prefix + own]
+            outputs.append(model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=none))
+            pieces.append(torch.nn.functional.pad(captured[-1], (0, 0, 0, width - prefix - own)))
+            order.extend(picked)
+    suffix = torch.cat(pieces)[torch.as_tensor(order, device=input_ids.device).argsort()]
+    return torch.cat([captured[0].expand(rows, -1, -1), suffix], dim=1), outputs
+
+
+def no_logits(device: torch.device | str) -> torch.Tensor:
+    """``logits_to_keep`` for a pass that needs the decoder's hidden states and no logits: no
+    position's (HF models index the hidden states with it). The empty logits still put the head
+    in the graph, for DDP. ``logits_to_keep=1`` projected a non-contiguous slice of the hidden
+    states, for which matmul copied the head to ``[rows, H, V]``: 0.7 s of copies in a 20 s bf16
+    update of the DeepSearch recipe.
+
+    >>> no_logits("cpu").shape
+    torch.Size([0])
+    """
+    return torch.empty(0, dtype=torch.long, device=device)
 
 
 @contextmanager
@@ -148,5 +209,7 @@ __all__ = [
     "first_outputs",
     "forwarded_positions",
     "micro_batch_rows",
+    "no_logits",
     "shared_prefix_hidden",
+    "suffix_passes",
 ]

@@ -65,8 +65,8 @@ def forwarded_positions(attention_mask: torch.Tensor, prefix: int) -> tuple[int,
 def suffix_passes(lengths: Sequence[int], prefix: int) -> list[list[int]]:
     """The model calls that run the rows' own tokens after a shared ``prefix``: row indices, longest
     first, split where padding every row to its call's longest would run more positions than
-    another call costs (``MIN_SHARED_TOKENS``). A group's episodes end after 1 to 4 turns, so one
-    call for all its rows padded half of them.
+    another call costs (``MIN_SHARED_TOKENS``). A group's episodes end after 1 to 4 turns: one call
+    for all its rows ran half padding (a DeepSearch batch: 4,772 positions for 2,345 tokens).
 
     >>> suffix_passes([100, 98, 40, 97], prefix=30)
     [[0, 1, 3], [2]]

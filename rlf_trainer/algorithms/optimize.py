@@ -222,9 +222,9 @@ def _projected_logprobs(
     tokens), projected only where ``where`` is true."""
     # the wrapped calls (DDP) keep their gradient bookkeeping; no position's logits
     if prefix:
-        hidden, outputs = shared_prefix_hidden(model, core.get_decoder(), input_ids, attention_mask, prefix)
+        hidden, out = shared_prefix_hidden(model, core.get_decoder(), input_ids, attention_mask, prefix)
     else:
-        hidden, outputs = _decoder_hidden(model, core, input_ids, mask_unless_right_padded(attention_mask))
+        hidden, out = _decoder_hidden(model, core, input_ids, mask_unless_right_padded(attention_mask))
     picked, entropy = chunked_selective_log_softmax(
         hidden[:, :-1][where], core.get_output_embeddings(), input_ids[:, 1:][where], entropy=True
     )
@@ -232,18 +232,18 @@ def _projected_logprobs(
     logp[where] = picked
     # Every parameter stays in the graph with a zero gradient, even with nothing trained (a stand-in
     # micro-batch): backward needs a graph, and DDP needs every parameter to get a gradient.
-    logp = logp + 0.0 * sum(out.logits.float().sum() for out in outputs)
+    logp = logp + 0.0 * out.logits.float().sum()
     return logp, float(entropy.mean()) if entropy is not None and entropy.numel() else 0.0
 
 
 def _decoder_hidden(
     model: Any, core: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
-) -> tuple[torch.Tensor, list]:
+) -> tuple[torch.Tensor, Any]:
     """The decoder's last hidden states from one pass over the whole rows, and the pass's output."""
     with first_outputs(core.get_decoder()) as captured:
         none = no_logits(input_ids.device)
         out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=none)
-    return captured[0], [out]
+    return captured[0], out
 
 
 # model -> whether its logits are head(last hidden state); weak keys: a freed model's entry goes with it

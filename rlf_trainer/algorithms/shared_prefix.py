@@ -88,11 +88,12 @@ def suffix_passes(lengths: Sequence[int], prefix: int) -> list[list[int]]:
 
 def shared_prefix_hidden(
     model: Any, decoder: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix: int
-) -> tuple[torch.Tensor, list]:
+) -> tuple[torch.Tensor, Any]:
     """The decoder's last hidden states ``[n, T, H]`` of right-padded rows that share their first
-    ``prefix`` tokens, the prefix forwarded once; also the passes' outputs (their empty logits keep
-    every parameter in the graph). ``model`` is the callable model (wrappers included), ``decoder``
-    its decoder module, whose output is captured. The rows' own tokens run in
+    ``prefix`` tokens, the prefix forwarded once; also the prefix pass's output (its empty logits put
+    the head in the graph; the other passes' would only add zero gradients of the head's size).
+    ``model`` is the callable model (wrappers included), ``decoder`` its decoder module, whose
+    output is captured. The rows' own tokens run in
     :func:`suffix_passes`, each on a copy of the prefix's keys and values per row. No attention
     mask: a real token never attends to the pads after it, and a suffix pass's causal mask is built
     from the cache's length. Pad positions' hidden states are zeros.
@@ -104,14 +105,12 @@ def shared_prefix_hidden(
     prefix_cache = DynamicCache(config=decoder.config)
     none = no_logits(input_ids.device)
     with first_outputs(decoder) as captured:
-        outputs = [
-            model(
-                input_ids=input_ids[:1, :prefix],
-                past_key_values=prefix_cache,
-                use_cache=True,
-                logits_to_keep=none,
-            )
-        ]
+        first = model(
+            input_ids=input_ids[:1, :prefix],
+            past_key_values=prefix_cache,
+            use_cache=True,
+            logits_to_keep=none,
+        )
         pieces, order = [], []
         for picked in suffix_passes(lengths, prefix):
             own = lengths[picked[0]] - prefix
@@ -120,11 +119,11 @@ def shared_prefix_hidden(
                 size = (len(picked), -1, -1, -1)
                 cache.update(layer.keys.expand(size), layer.values.expand(size), index)
             ids = input_ids[picked, prefix : prefix + own]
-            outputs.append(model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=none))
+            model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=none)
             pieces.append(torch.nn.functional.pad(captured[-1], (0, 0, 0, width - prefix - own)))
             order.extend(picked)
     suffix = torch.cat(pieces)[torch.as_tensor(order, device=input_ids.device).argsort()]
-    return torch.cat([captured[0].expand(rows, -1, -1), suffix], dim=1), outputs
+    return torch.cat([captured[0].expand(rows, -1, -1), suffix], dim=1), first
 
 
 def no_logits(device: torch.device | str) -> torch.Tensor:

@@ -13,7 +13,8 @@ steps of the config (GRPO or SFT, no eval, no checkpoint) and reports per phase:
   trained positions); attention's own FLOPs are left out, so the figures are a lower bound;
 - the fraction of this machine's **matmul peak** for the dtype in use, measured first in the same
   run (a ``[1024, 576] @ [576, 1536]`` matmul, SmolLM2-135M's MLP shape, on the same threads);
-- the step time and the process's peak RSS.
+- the step time, the process's peak RSS and its malloc (`rlf_trainer.run.allocator`: the child re-executes
+  itself with tcmalloc preloaded where one is installed, as `rlf-train` does).
 
 The first step is a warm-up and is left out of the figures when there are several.
 
@@ -111,6 +112,7 @@ def bench_overrides(precision: str, steps: int, workdir: Path | str) -> list[str
 def run_one(config: str, precision: str, steps: int, workdir: Path, overrides: list[str]) -> dict[str, Any]:
     """``steps`` trainer steps of ``config`` at ``precision`` in this process; its figures."""
     from rlf_trainer.config import load_config
+    from rlf_trainer.run.allocator import loaded_allocator
     from rlf_trainer.trainer import Trainer
 
     trainer = Trainer(load_config(config, [*overrides, *bench_overrides(precision, steps, workdir)]))
@@ -129,6 +131,7 @@ def run_one(config: str, precision: str, steps: int, workdir: Path, overrides: l
         "precision": trainer.config.mixed_precision,
         "matmul_peak_gflops": peak,
         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
+        "allocator": Path(loaded_allocator()).name,
         "reward_mean": [r.get("reward/mean", r.get("sft/loss")) for r in records],
         **phase_figures(records, body, head, peak),
     }
@@ -171,7 +174,8 @@ def format_precision_report(report: dict[str, Any]) -> str:
                     f"{f['gflops']:>9.1f}{f['of_peak']:>9.0%}{run['matmul_peak_gflops']:>8.0f}"
                 )
         lines.append(
-            f"{precision:<10}{'step':<12}{run['step_s']:>8.1f}   peak RSS {run['peak_rss_gb']:.1f} GB"
+            f"{precision:<10}{'step':<12}{run['step_s']:>8.1f}   peak RSS {run['peak_rss_gb']:.1f} GB, "
+            f"malloc: {run.get('allocator', 'system')}"
         )
     runs = list(report["runs"].values())
     if len(runs) == 2:
@@ -198,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rlf-speed-"))
     if args.one:
+        if argv is None:  # as rlf-train runs: with a caching malloc where one is installed
+            from rlf_trainer.run.allocator import relaunch_with_fast_allocator
+
+            relaunch_with_fast_allocator()
         print(json.dumps(run_one(args.config, args.one, args.steps, workdir, args.overrides)), flush=True)
         return 0
     report = run_precision_bench(args.config, args.precisions, args.steps, workdir, args.overrides)

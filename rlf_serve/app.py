@@ -384,6 +384,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.backend == "hf" and not Path(args.model).exists() and args.model.startswith((".", "/", "~")):
         print(f"rlf-serve: no model folder at {args.model}", file=sys.stderr)
         return 2
+    if argv is None and args.backend == "hf":  # a command on the HF backend: a caching malloc
+        from rlf_trainer.run.allocator import relaunch_with_fast_allocator
+
+        relaunch_with_fast_allocator()
     if args.threads is not None:
         import torch
 

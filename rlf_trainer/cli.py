@@ -17,6 +17,7 @@ import logging
 import sys
 
 from rlf_trainer.config import ConfigError, load_config
+from rlf_trainer.run.allocator import relaunch_with_fast_allocator
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError) as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
+    if argv is None:  # a command, not a call: on a CPU a caching malloc is worth a re-exec
+        relaunch_with_fast_allocator()
     from rlf_trainer.observe.budget import PromptBudgetError
     from rlf_trainer.observe.health import HealthCheckFailed
     from rlf_trainer.trainer import Trainer  # torch & co. load after the config is known to be good

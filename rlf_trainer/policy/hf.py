@@ -124,7 +124,9 @@ class HFPolicy:
         store = self.prefix_cache
         # Without stored states every row is [pad][prompt]: plain left padding.
         matches = store.lookup(prompts) if store is not None else [PrefixMatch()] * len(prompts)
-        batch = build_prefix_batch(prompts, matches, pad_id, self.device, self.model.config)
+        batch = build_prefix_batch(
+            prompts, matches, pad_id, self.device, self.model.config, new_tokens=params.max_new_tokens
+        )
         out = self.model.generate(
             input_ids=batch.input_ids,
             attention_mask=batch.attention_mask,

@@ -51,7 +51,9 @@ class PrefixMatch:
 
 @dataclass
 class PrefixBatch:
-    """``generate`` inputs for prompts laid out as ``[pad][stored][pad][new]``; ``past`` None: no row has stored states."""
+    """``generate`` inputs for prompts laid out as ``[pad][stored][pad][new]``; ``past`` the cache to
+    decode into (the rows' stored states, with room for the new tokens), None where the model's
+    config describes no cache."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
@@ -172,10 +174,16 @@ def supports_prefix_cache(model: Any) -> bool:
 
 
 def build_prefix_batch(
-    prompts: list[list[int]], matches: list[PrefixMatch], pad_id: int, device: torch.device, config: Any
+    prompts: list[list[int]],
+    matches: list[PrefixMatch],
+    pad_id: int,
+    device: torch.device,
+    config: Any,
+    new_tokens: int = 0,
 ) -> PrefixBatch:
-    """Lay ``prompts`` out as ``[pad][stored][pad][new]`` and stack the stored states into one cache."""
-    from transformers import DynamicCache
+    """Lay ``prompts`` out as ``[pad][stored][pad][new]`` and stack the stored states into one cache
+    with room for ``new_tokens`` more (:func:`~rlf_trainer.policy.growing_cache.growing_cache`)."""
+    from rlf_trainer.policy.growing_cache import growing_cache
 
     stored_width = max(match.length for match in matches)
     new_width = max(len(prompt) - match.length for prompt, match in zip(prompts, matches, strict=True))
@@ -188,10 +196,9 @@ def build_prefix_batch(
         attention_mask[row, stored_width - len(stored) : stored_width] = 1
         input_ids[row, input_ids.shape[1] - len(new) :] = torch.tensor(new, dtype=torch.long)
         attention_mask[row, input_ids.shape[1] - len(new) :] = 1
-    past = None
+    layers = []
     if stored_width:
         template = next(match.states for match in matches if match.states is not None)
-        layers = []
         for layer, (keys, values) in enumerate(template):
             k = keys.new_zeros((rows, keys.shape[0], stored_width, keys.shape[2]))
             v = values.new_zeros((rows, values.shape[0], stored_width, values.shape[2]))
@@ -200,7 +207,7 @@ def build_prefix_batch(
                     k[row, :, stored_width - match.length :] = match.states[layer][0]
                     v[row, :, stored_width - match.length :] = match.states[layer][1]
             layers.append((k, v))
-        past = DynamicCache(ddp_cache_data=layers, config=config)
+    past = growing_cache(config, input_ids.shape[1] + new_tokens, layers)
     return PrefixBatch(input_ids.to(device), attention_mask.to(device), past, matches)
 
 

@@ -73,25 +73,32 @@ class GrowingLayer(DynamicLayer):
             self._value_buffer[..., :filled, :] = self.values
 
 
+def full_attention_cache(config: Any) -> DynamicCache | None:
+    """A fresh ``DynamicCache`` for ``config``'s model when all its layers are full attention with
+    transformers' growing layer; None for other layer kinds (sliding windows) or a config
+    transformers cannot describe."""
+    try:
+        cache = DynamicCache(config=config)
+    except Exception:  # any config error: no cache of ours for it
+        return None
+    return cache if cache.layers and all(type(layer) is DynamicLayer for layer in cache.layers) else None
+
+
 def growing_cache(
     config: Any, capacity: int, stored: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 ) -> DynamicCache | None:
     """A ``DynamicCache`` for ``config``'s model whose layers are :class:`GrowingLayer` of
-    ``capacity`` tokens, holding ``stored`` (a ``(keys, values)`` pair per layer) to begin with. A
-    model with other layer kinds (sliding windows) gets transformers' own layers; one whose config
-    transformers cannot describe gets None (``generate`` then makes its own cache)."""
-    try:
-        cache = DynamicCache(config=config)
-    except Exception:  # any config error; stored states need a model transformers describes
+    ``capacity`` tokens, holding ``stored`` (a ``(keys, values)`` pair per layer) to begin with;
+    None where :func:`full_attention_cache` has none (``generate`` then makes its own cache)."""
+    cache = full_attention_cache(config)
+    if cache is None:
         if stored:
-            raise
+            raise ValueError("stored key/value states need a model whose layers are all full attention")
         return None
-    if not cache.layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
-        return DynamicCache(ddp_cache_data=stored, config=config) if stored else cache
     cache.layers = [GrowingLayer(capacity) for _ in cache.layers]
     for index, (keys, values) in enumerate(stored or ()):
         cache.layers[index].update(keys, values)
     return cache
 
 
-__all__ = ["GrowingLayer", "growing_cache"]
+__all__ = ["GrowingLayer", "full_attention_cache", "growing_cache"]

@@ -160,17 +160,12 @@ class PrefixKVStore:
 
 def supports_prefix_cache(model: Any) -> bool:
     """True when every cache layer of ``model`` is full attention with a growing (dynamic) cache."""
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
+    from rlf_trainer.policy.growing_cache import full_attention_cache
 
     config = getattr(model, "config", None)
     if config is None or getattr(config, "is_encoder_decoder", False):
         return False
-    try:
-        layers = DynamicCache(config=config).layers
-    except Exception:  # a config transformers cannot describe: no store
-        return False
-    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+    return full_attention_cache(config) is not None
 
 
 def build_prefix_batch(

@@ -51,12 +51,14 @@ class AllocatorError(ValueError):
     """``RLF_MALLOC`` names a library that does not exist."""
 
 
+def _is_caching_malloc(path: str) -> bool:
+    return any(name in Path(path).name for name in _NAMES)
+
+
 def preloaded_allocator(env: Mapping[str, str]) -> str | None:
     """The tcmalloc or jemalloc entry of ``env``'s ``LD_PRELOAD``, if any."""
-    for entry in env.get("LD_PRELOAD", "").replace(" ", ":").split(":"):
-        if any(name in Path(entry).name for name in _NAMES):
-            return entry
-    return None
+    entries = env.get("LD_PRELOAD", "").replace(" ", ":").split(":")
+    return next((entry for entry in entries if _is_caching_malloc(entry)), None)
 
 
 def find_fast_allocator(
@@ -114,11 +116,8 @@ def loaded_allocator() -> str:
         maps = Path("/proc/self/maps").read_text(encoding="utf-8", errors="replace")
     except OSError:
         return "system"
-    for line in maps.splitlines():
-        path = line.split()[-1] if line.split() else ""
-        if any(name in Path(path).name for name in _NAMES):
-            return path
-    return "system"
+    paths = (line.split()[-1] for line in maps.splitlines() if line.strip())
+    return next((path for path in paths if _is_caching_malloc(path)), "system")
 
 
 __all__ = [

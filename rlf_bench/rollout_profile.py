@@ -1,13 +1,14 @@
 """``rlf-bench profile --config X.yaml``: where a rollout's generation time goes, by kind of work.
 
 Runs trainer steps of the config (the first a warm-up, not profiled), profiling each call of the
-policy's ``generate`` on its own (``torch.profiler``; the update is not recorded), then splits the
-generation's wall time:
+policy's ``generate`` on its own (``torch.profiler``; with ``--update`` each GRPO update too), then
+splits the generation's (and the update's) wall time:
 
 - **body matmuls**: ``mm`` / ``addmm`` / ``bmm`` / ``linear`` of the transformer layers;
 - **vocabulary projection**: the same ops where a shape has the vocabulary's size (the LM head);
 - **attention**: scaled-dot-product attention kernels;
-- **logits and sampling**: other ops on vocabulary-sized tensors (softmax, warpers, multinomial);
+- **logits and sampling**: other ops on vocabulary-sized tensors (softmax, warpers, multinomial; in
+  the update the log-softmax of the picked tokens);
 - **other torch ops**: norms, activations, rotary embeddings, copies, KV-cache updates;
 - **outside torch ops**: the rest of the wall time, i.e. Python in ``generate`` and the model's
   modules, the policy's batching and prefix cache, and the profiler's own cost per op.
@@ -20,6 +21,13 @@ a few microseconds per op, which lands in "outside torch ops".
 Example:
     rlf-bench profile --config examples/configs/smollm2_learn_cpu.yaml --steps 2
     rlf-bench profile --config examples/configs/smollm2_learn_cpu.yaml --precision no --json
+    rlf-bench profile --config examples/configs/smollm2_learn_cpu.yaml --update --precision bf16
+
+The profiler lengthens what it records, small ops most, and the ops' own times with them: one
+``generate`` of 16 x 400 prompt tokens and 48 sampled ones (SmolLM2-135M, fp32, 2 threads) took 13.4 s
+unprofiled, 25.0 s profiled without shapes and 33.8 s with them (as here), its matmuls' self time
+alone 12.6 s. Read the split as where the time goes, not as what each kind would cost on its own,
+and time phases with ``rlf-bench train``.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -42,6 +51,7 @@ CATEGORIES = (
 )
 MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear"})
 RANGE = "rlf/generate"
+UPDATE_RANGE = "rlf/update"
 
 
 def categorise(name: str, shapes: Iterable[Iterable[int]], vocab_size: int) -> str:
@@ -63,12 +73,13 @@ def categorise(name: str, shapes: Iterable[Iterable[int]], vocab_size: int) -> s
     return "logits and sampling" if vocab_sized else "other torch ops"
 
 
-def split_generation_time(events: list[Any], vocab_size: int) -> dict[str, Any]:
-    """Seconds per category inside the ``rlf/generate`` ranges of a profile's events, and forwards.
+def split_range_time(events: list[Any], vocab_size: int, range_name: str = RANGE) -> dict[str, Any]:
+    """Seconds per category inside the ``range_name`` ranges of a profile's events, and forwards.
 
-    Ops count by their self time (children apart), on the thread of the range they started in.
+    Ops count by their self time (children apart), on the thread of the range they started in (on a
+    CPU the backward runs on the thread that calls it).
     """
-    windows = [(e.thread, e.time_range.start, e.time_range.end) for e in events if e.name == RANGE]
+    windows = [(e.thread, e.time_range.start, e.time_range.end) for e in events if e.name == range_name]
     wall_us = sum(end - start for _, start, end in windows)
     seconds = dict.fromkeys(CATEGORIES, 0.0)
     forwards = 0
@@ -84,37 +95,51 @@ def split_generation_time(events: list[Any], vocab_size: int) -> dict[str, Any]:
     return {"wall_s": wall_us / 1e6, "seconds": seconds, "forwards": forwards}
 
 
-def profile_config(config: str, precision: str, steps: int, overrides: list[str]) -> dict[str, Any]:
-    """``steps`` trainer steps of ``config`` (the first unprofiled); the generation's split per step."""
+def profile_config(
+    config: str, precision: str, steps: int, overrides: list[str], *, update: bool = False
+) -> dict[str, Any]:
+    """``steps`` trainer steps of ``config`` (the first unprofiled); the generation's split per step,
+    and with ``update`` the GRPO update's (``update_s_per_step``, ``update_seconds_per_step``)."""
     import torch
 
     from rlf_bench.speed_bench import bench_overrides
+    from rlf_trainer.algorithms import grpo
     from rlf_trainer.config import load_config
     from rlf_trainer.trainer import Trainer
 
     workdir = tempfile.mkdtemp(prefix="rlf-profile-")
     fixed = bench_overrides(precision, steps, workdir)
     trainer = Trainer(load_config(config, [*overrides, *fixed]))
-    policy = trainer.policy
+    policy, grpo_update = trainer.policy, grpo.update
     generate = policy.generate
     vocab = trainer.accelerator.unwrap_model(trainer.model).config.vocab_size
-    splits: list[dict[str, Any]] = []
+    splits: dict[str, list[dict[str, Any]]] = {RANGE: [], UPDATE_RANGE: []}
+    overhead = [0.0]
     profiling = False
 
-    def profiled_generate(*args: Any, **kwargs: Any) -> Any:
-        if not profiling:
-            return generate(*args, **kwargs)
-        # one profile per call: recording a whole step (its backward included) takes gigabytes
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        with (
-            torch.profiler.profile(activities=activities, record_shapes=True) as prof,
-            torch.profiler.record_function(RANGE),
-        ):
-            out = generate(*args, **kwargs)
-        splits.append(split_generation_time(list(prof.events()), vocab))
-        return out
+    def profiled(call: Any, range_name: str) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if not profiling:
+                return call(*args, **kwargs)
+            # one profile per call: recording a whole step (its backward included) takes gigabytes
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            started = time.perf_counter()
+            with (
+                torch.profiler.profile(activities=activities, record_shapes=True) as prof,
+                torch.profiler.record_function(range_name),
+            ):
+                out = call(*args, **kwargs)
+            split = split_range_time(list(prof.events()), vocab, range_name)
+            splits[range_name].append(split)
+            # the profiler's start, stop and event walk are no part of the step's own time
+            overhead[0] += time.perf_counter() - started - split["wall_s"]
+            return out
 
-    policy.generate = profiled_generate  # type: ignore[method-assign]
+        return run
+
+    policy.generate = profiled(generate, RANGE)  # type: ignore[method-assign]
+    if update:  # grpo.train_step looks the name up at each call
+        grpo.update = profiled(grpo_update, UPDATE_RANGE)  # type: ignore[assignment]
     records = []
     try:
         trainer.train_step()  # warm-up: kernels chosen, caches filled
@@ -123,41 +148,56 @@ def profile_config(config: str, precision: str, steps: int, overrides: list[str]
             records.append(trainer.train_step())
     finally:
         policy.generate = generate  # type: ignore[method-assign]
+        grpo.update = grpo_update  # type: ignore[assignment]
         trainer.close()
-    split = {
+    profiled_steps = len(records)
+    generation, updates = _sum_splits(splits[RANGE]), _sum_splits(splits[UPDATE_RANGE])
+    generated = sum(r.get("rollout/generated_tokens", 0.0) for r in records)
+    report = {
+        "config": config,
+        "precision": trainer.config.mixed_precision,
+        "threads": torch.get_num_threads(),
+        "profiled_steps": profiled_steps,
+        "generation_s_per_step": generation["wall_s"] / profiled_steps,
+        "tools_s_per_step": sum(r.get("time/tools", 0.0) for r in records) / profiled_steps,
+        "step_s": (sum(r["time/step"] for r in records) - overhead[0]) / profiled_steps,
+        "seconds_per_step": {k: v / profiled_steps for k, v in generation["seconds"].items()},
+        "forwards_per_step": generation["forwards"] / profiled_steps,
+        "ms_per_forward": 1e3 * generation["wall_s"] / max(1, generation["forwards"]),
+        "generated_tokens_per_forward": generated / max(1, generation["forwards"]),
+        "generated_tokens_per_step": generated / profiled_steps,
+    }
+    if update:
+        report["update_s_per_step"] = updates["wall_s"] / profiled_steps
+        report["update_seconds_per_step"] = {k: v / profiled_steps for k, v in updates["seconds"].items()}
+        report["update_tokens_per_step"] = sum(r.get("update/tokens", 0.0) for r in records) / profiled_steps
+    return report
+
+
+def _sum_splits(splits: list[dict[str, Any]]) -> dict[str, Any]:
+    """The calls' splits added up."""
+    return {
         "wall_s": sum(s["wall_s"] for s in splits),
         "seconds": {c: sum(s["seconds"][c] for s in splits) for c in CATEGORIES},
         "forwards": sum(s["forwards"] for s in splits),
     }
-    profiled = len(records)
-    generated = sum(r.get("rollout/generated_tokens", 0.0) for r in records)
-    return {
-        "config": config,
-        "precision": trainer.config.mixed_precision,
-        "threads": torch.get_num_threads(),
-        "profiled_steps": profiled,
-        "generation_s_per_step": split["wall_s"] / profiled,
-        "tools_s_per_step": sum(r.get("time/tools", 0.0) for r in records) / profiled,
-        "step_s": sum(r["time/step"] for r in records) / profiled,
-        "seconds_per_step": {k: v / profiled for k, v in split["seconds"].items()},
-        "forwards_per_step": split["forwards"] / profiled,
-        "ms_per_forward": 1e3 * split["wall_s"] / max(1, split["forwards"]),
-        "generated_tokens_per_forward": generated / max(1, split["forwards"]),
-    }
 
 
 def format_profile(report: dict[str, Any]) -> str:
-    """A table of the generation's time per category, per step, and its share."""
-    wall = report["generation_s_per_step"] or 1.0
+    """A table of the generation's time per category, per step, and its share (and the update's)."""
     lines = [
         f"rlf-bench profile --config {report['config']}: precision {report['precision']}, "
         f"{report['threads']} threads, {report['profiled_steps']} profiled steps",
         f"step {report['step_s']:.1f} s, of which generation {report['generation_s_per_step']:.1f} s "
         f"(tool calls {report['tools_s_per_step']:.2f} s, outside generate)",
-        f"{'generation time':<26}{'s/step':>8}{'share':>8}",
     ]
-    for category, seconds in report["seconds_per_step"].items():
-        lines.append(f"{category:<26}{seconds:>8.2f}{seconds / wall:>8.0%}")
+    phases = [("generation", report["generation_s_per_step"], report["seconds_per_step"])]
+    if "update_s_per_step" in report:
+        phases.append(("update", report["update_s_per_step"], report["update_seconds_per_step"]))
+    for phase, wall, seconds_per_step in phases:
+        lines.append(f"{phase + ' time':<26}{'s/step':>8}{'share':>8}")
+        for category, seconds in seconds_per_step.items():
+            lines.append(f"{category:<26}{seconds:>8.2f}{seconds / (wall or 1.0):>8.0%}")
     lines.append(
         f"{report['forwards_per_step']:.0f} forwards a step, {report['ms_per_forward']:.1f} ms each, "
         f"{report['generated_tokens_per_forward']:.1f} generated tokens per forward"
@@ -170,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True)
     parser.add_argument("--precision", default="auto", choices=["no", "bf16", "auto"])
     parser.add_argument("--steps", type=int, default=2, help="trainer steps, the first not profiled")
+    parser.add_argument("--update", action="store_true", help="profile each GRPO update as well")
     parser.add_argument("--json", action="store_true", help="end with one JSON line of all figures")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value, as for rlf-train")
     args = parser.parse_args(argv)
@@ -177,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--steps must be >= 2 (the first is a warm-up)")
     if not Path(args.config).is_file():
         parser.error(f"no config file {args.config}")
-    report = profile_config(args.config, args.precision, args.steps, args.overrides)
+    report = profile_config(args.config, args.precision, args.steps, args.overrides, update=args.update)
     print(format_profile(report) + (f"\n{json.dumps(report)}" if args.json else ""), flush=True)
     return 0
 

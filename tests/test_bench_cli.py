@@ -34,8 +34,8 @@ def test_unknown_command_and_help(capfd):
     assert main([]) == 2
 
 
-def test_profile_splits_the_generation_wall_time_into_its_categories(capfd, tiny_model_dir):
-    """``rlf-bench profile`` on the tiny config: the categories add up to the generation's wall time."""
+def test_profile_splits_the_generation_and_update_wall_times_into_their_categories(capfd, tiny_model_dir):
+    """``rlf-bench profile --update`` on the tiny config: each phase's categories add up to its wall time."""
     import sys
 
     from rlf_bench.rollout_profile import CATEGORIES
@@ -43,17 +43,23 @@ def test_profile_splits_the_generation_wall_time_into_its_categories(capfd, tiny
 
     overrides = [f"model.path={tiny_model_dir}", "model.prepare=null",
                  f"env.kwargs.mcp_servers.mcpServers.latency.command={sys.executable}"]  # fmt: skip
-    argv = ["profile", "--config", str(TINY_CONFIG), "--steps", "2", "--precision", "no"]
+    argv = ["profile", "--config", str(TINY_CONFIG), "--steps", "2", "--precision", "no", "--update"]
     assert main([*argv, "--json", *overrides]) == 0
     out = capfd.readouterr().out.strip().splitlines()
     report = json.loads(out[-1])
-    seconds = report["seconds_per_step"]
-    assert list(seconds) == list(CATEGORIES)
-    assert sum(seconds.values()) == pytest.approx(report["generation_s_per_step"], rel=1e-6)
-    assert seconds["body matmuls"] > 0 and seconds["vocabulary projection"] > 0
+    for wall, split in (("generation_s_per_step", "seconds_per_step"),
+                        ("update_s_per_step", "update_seconds_per_step")):  # fmt: skip
+        seconds = report[split]
+        assert list(seconds) == list(CATEGORIES)
+        assert sum(seconds.values()) == pytest.approx(report[wall], rel=1e-6)
+        assert seconds["body matmuls"] > 0 and seconds["vocabulary projection"] > 0
+    # the profiler's own start, stop and event walk are left out of the step
+    assert report["generation_s_per_step"] + report["update_s_per_step"] < report["step_s"]
     assert report["forwards_per_step"] >= 1 and report["generated_tokens_per_forward"] > 0
-    assert report["profiled_steps"] == 1 and report["precision"] == "no"
-    assert any(line.startswith("vocabulary projection") for line in out)
+    assert (
+        report["profiled_steps"] == 1 and report["precision"] == "no" and report["update_tokens_per_step"] > 0
+    )
+    assert any(line.startswith("vocabulary projection") for line in out) and "update time" in "\n".join(out)
     with pytest.raises(SystemExit):  # the first step is a warm-up: one step profiles nothing
         main(["profile", "--config", str(TINY_CONFIG), "--steps", "1"])
     assert "--steps must be >= 2" in capfd.readouterr().err

@@ -168,7 +168,7 @@ class HFPolicy:
                 torch.manual_seed(seed)
             self.model.eval()
             try:  # a trained model under `compile: true` decodes eagerly (rlf_trainer.run.compile)
-                with torch.compiler.set_stance("force_eager"):
+                with torch.compiler.set_stance("force_eager"), _contiguous_head_input(self.model):
                     yield
             finally:
                 self.model.train(was_training)
@@ -198,6 +198,27 @@ class HFPolicy:
         """Release the stored prefix states; the model belongs to the caller."""
         if self.prefix_cache is not None:
             self.prefix_cache.clear()
+
+
+@contextlib.contextmanager
+def _contiguous_head_input(model: Any) -> Iterator[None]:
+    """Within the block ``model``'s output projection gets contiguous inputs.
+
+    ``generate``'s prefill projects each row's last position only, a slice whose batch stride spans
+    the whole prompt; without autograd, torch 2.13's CPU linear then copies the head to
+    ``[rows, H, V]`` for a batched matmul: 0.96 s and 0.9 GB for 16 rows of SmolLM2 in bf16 (3.7 ms
+    for the same rows contiguous), 40 ms in fp32 (6.7 ms).
+    """
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    if not isinstance(head, torch.nn.Module):
+        yield
+        return
+    handle = head.register_forward_pre_hook(lambda _module, args: (args[0].contiguous(), *args[1:]))
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def _generation_copy(model: Any, dtype: torch.dtype | None) -> Any:

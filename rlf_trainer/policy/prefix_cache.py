@@ -148,7 +148,12 @@ class PrefixKVStore:
 
     def _forward(self, tokens: list[int]) -> LayerStates:
         with torch.no_grad():
-            out = self.model(input_ids=torch.tensor([tokens], device=_device(self.model)), use_cache=True)
+            device = _device(self.model)
+            # only the key/value states are kept: no position's logits (an empty index)
+            none = torch.empty(0, dtype=torch.long, device=device)
+            out = self.model(
+                input_ids=torch.tensor([tokens], device=device), use_cache=True, logits_to_keep=none
+            )
         return [(layer.keys[0], layer.values[0]) for layer in out.past_key_values.layers]
 
     def _drop_if_weights_changed(self) -> None:

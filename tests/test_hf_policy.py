@@ -227,3 +227,44 @@ def test_the_head_projects_contiguous_rows_and_never_a_whole_prompt(tiny_model, 
     assert all(shape[-2] <= 1 for shape, _ in seen if len(shape) == 3)  # never a whole prompt's logits
     assert len(head._forward_pre_hooks) == hooks_before  # the policy's hook is gone after sampling
     assert policy.prefix_cache is not None and policy.prefix_cache.prefilled_tokens > 0
+
+
+def test_a_bf16_copy_is_freed_while_asleep_and_rebuilt_from_the_trained_weights(
+    tiny_model, tiny_tokenizer, prompts
+):
+    """The sampling copy gives its memory to the update while the policy sleeps; update_weights,
+    wake_up or the next generate rebuild it from the trained module, ties and all."""
+    policy = HFPolicy(tiny_model, tiny_tokenizer, generation_dtype=torch.bfloat16)
+    copy_ = policy.model
+    tied = copy_.get_output_embeddings().weight is copy_.get_input_embeddings().weight
+    params = SamplingParams(max_new_tokens=4, temperature=0)
+    before = policy.generate(prompts, params)
+
+    def matches_the_trained_weights() -> bool:
+        state = copy_.state_dict()
+        return all(
+            torch.equal(state[name], value.to(torch.bfloat16))
+            for name, value in tiny_model.state_dict().items()
+        )
+
+    policy.sleep()
+    assert all(p.numel() == 0 for p in copy_.parameters())
+    with torch.no_grad():  # an optimizer step on the trained module
+        next(tiny_model.parameters()).add_(0.5)
+    policy.update_weights(tiny_model)
+    assert matches_the_trained_weights()
+    policy.sleep()
+    policy.wake_up()
+    assert matches_the_trained_weights()
+    policy.sleep()  # generate wakes a sleeping copy itself
+    assert [c.token_ids for c in policy.generate(prompts, params)] == [
+        c.token_ids
+        for c in HFPolicy(
+            copy.deepcopy(tiny_model), tiny_tokenizer, generation_dtype=torch.bfloat16
+        ).generate(prompts, params)
+    ]
+    assert (copy_.get_output_embeddings().weight is copy_.get_input_embeddings().weight) == tied
+    assert before  # the first call ran on the copy as built
+    shared = HFPolicy(tiny_model, tiny_tokenizer)  # sampling with the trained module: nothing to free
+    shared.sleep()
+    assert all(p.numel() > 0 for p in tiny_model.parameters())

@@ -150,17 +150,35 @@ def profile_config(
         policy.generate = generate  # type: ignore[method-assign]
         grpo.update = grpo_update  # type: ignore[assignment]
         trainer.close()
+    precision_used = trainer.config.mixed_precision
+    return _report(config, precision_used, records, splits, overhead[0], update=update)
+
+
+def _report(
+    config: str,
+    precision: str,
+    records: list[dict[str, float]],
+    splits: dict[str, list[dict[str, Any]]],
+    profiler_s: float,
+    *,
+    update: bool,
+) -> dict[str, Any]:
+    """Per-step figures of the profiled steps' metrics and splits; ``profiler_s`` (the profiler's
+    own start, stop and event walk) is left out of the step time."""
+    import torch
+
     profiled_steps = len(records)
     generation, updates = _sum_splits(splits[RANGE]), _sum_splits(splits[UPDATE_RANGE])
     generated = sum(r.get("rollout/generated_tokens", 0.0) for r in records)
     report = {
         "config": config,
-        "precision": trainer.config.mixed_precision,
+        "precision": precision,
         "threads": torch.get_num_threads(),
         "profiled_steps": profiled_steps,
         "generation_s_per_step": generation["wall_s"] / profiled_steps,
         "tools_s_per_step": sum(r.get("time/tools", 0.0) for r in records) / profiled_steps,
-        "step_s": (sum(r["time/step"] for r in records) - overhead[0]) / profiled_steps,
+        "step_s": (sum(r["time/step"] for r in records) - profiler_s) / profiled_steps,
+        "profiler_s_per_step": profiler_s / profiled_steps,
         "seconds_per_step": {k: v / profiled_steps for k, v in generation["seconds"].items()},
         "forwards_per_step": generation["forwards"] / profiled_steps,
         "ms_per_forward": 1e3 * generation["wall_s"] / max(1, generation["forwards"]),
@@ -189,7 +207,8 @@ def format_profile(report: dict[str, Any]) -> str:
         f"rlf-bench profile --config {report['config']}: precision {report['precision']}, "
         f"{report['threads']} threads, {report['profiled_steps']} profiled steps",
         f"step {report['step_s']:.1f} s, of which generation {report['generation_s_per_step']:.1f} s "
-        f"(tool calls {report['tools_s_per_step']:.2f} s, outside generate)",
+        f"(tool calls {report['tools_s_per_step']:.2f} s, outside generate); the profiler's own "
+        f"{report['profiler_s_per_step']:.1f} s a step left out",
     ]
     phases = [("generation", report["generation_s_per_step"], report["seconds_per_step"])]
     if "update_s_per_step" in report:

@@ -53,8 +53,7 @@ def test_profile_splits_the_generation_and_update_wall_times_into_their_categori
         assert list(seconds) == list(CATEGORIES)
         assert sum(seconds.values()) == pytest.approx(report[wall], rel=1e-6)
         assert seconds["body matmuls"] > 0 and seconds["vocabulary projection"] > 0
-    # the profiler's own start, stop and event walk are left out of the step
-    assert report["generation_s_per_step"] + report["update_s_per_step"] < report["step_s"]
+    assert "profiler_s_per_step" in report and "s a step left out" in out[1]  # the profiler's own work
     assert report["forwards_per_step"] >= 1 and report["generated_tokens_per_forward"] > 0
     assert (
         report["profiled_steps"] == 1 and report["precision"] == "no" and report["update_tokens_per_step"] > 0

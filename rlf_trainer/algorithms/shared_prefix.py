@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlf_trainer.policy.prefix_cache import no_logits
+
 # below this a second model call costs more than the tokens it saves
 MIN_SHARED_TOKENS = 16
 
@@ -124,19 +126,6 @@ def shared_prefix_hidden(
             order.extend(picked)
     suffix = torch.cat(pieces)[torch.as_tensor(order, device=input_ids.device).argsort()]
     return torch.cat([captured[0].expand(rows, -1, -1), suffix], dim=1), first
-
-
-def no_logits(device: torch.device | str) -> torch.Tensor:
-    """``logits_to_keep`` for a pass that needs the decoder's hidden states and no logits: no
-    position's (HF models index the hidden states with it). The empty logits still put the head
-    in the graph, for DDP. ``logits_to_keep=1`` projected a non-contiguous slice of the hidden
-    states, for which matmul copied the head to ``[rows, H, V]``: 0.7 s of copies in a 20 s bf16
-    update of the DeepSearch recipe.
-
-    >>> no_logits("cpu").shape
-    torch.Size([0])
-    """
-    return torch.empty(0, dtype=torch.long, device=device)
 
 
 @contextmanager

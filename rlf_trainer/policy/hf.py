@@ -209,7 +209,7 @@ class HFPolicy:
 
     def wake_up(self) -> None:
         """A copy freed by :meth:`sleep` and not refreshed since is rebuilt from the trained module."""
-        if self._released and self._copied_from is not None:
+        if self._released:  # only a copy with a source to rebuild from is ever released
             self.update_weights(self._copied_from)
 
     def close(self) -> None:

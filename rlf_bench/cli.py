@@ -8,6 +8,7 @@ Example:
     rlf-bench train --json
     rlf-bench rollout --json          # lockstep vs async rollout (vLLM: .venv-vllm on a CPU machine)
     rlf-bench profile --config examples/configs/smollm2_learn_cpu.yaml   # where generation's time goes
+    rlf-bench floor --config examples/configs/smollm2_learn_cpu.yaml     # bf16's speed-up, bounded by its kernels
 """
 
 from __future__ import annotations
@@ -15,15 +16,19 @@ from __future__ import annotations
 import importlib
 import sys
 
-USAGE = "usage: rlf-bench {env,simulator-checks,train,rollout,profile} [options]   (rlf-bench COMMAND --help)"
+USAGE = "usage: rlf-bench {env,simulator-checks,train,rollout,profile,floor} [options]   (rlf-bench COMMAND --help)"
 TRAINER_COMMANDS = {
     "train": "rlf_bench.train_bench",
     "rollout": "rlf_bench.rollout_bench",
     "profile": "rlf_bench.rollout_profile",
+    "floor": "rlf_bench.kernel_floor",
 }
+# run on the malloc rlf-train uses (its timed child does): the kernels they replay are timed in this process
+FAST_MALLOC_COMMANDS = frozenset({"floor"})
 
 
 def main(argv: list[str] | None = None) -> int:
+    from_command_line = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
@@ -46,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
+        if from_command_line and command in FAST_MALLOC_COMMANDS:
+            from rlf_trainer.run.allocator import relaunch_with_fast_allocator
+
+            relaunch_with_fast_allocator()
         return importlib.import_module(TRAINER_COMMANDS[command]).main(rest)
     print(f"rlf-bench: unknown command {command!r}\n{USAGE}", file=sys.stderr)
     return 2

@@ -32,13 +32,11 @@ and time phases with ``rlf-bench train``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
 import time
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 CATEGORIES = (
@@ -225,18 +223,14 @@ def format_profile(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rlf-bench profile", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--precision", default="auto", choices=["no", "bf16", "auto"])
-    parser.add_argument("--steps", type=int, default=2, help="trainer steps, the first not profiled")
-    parser.add_argument("--update", action="store_true", help="profile each GRPO update as well")
-    parser.add_argument("--json", action="store_true", help="end with one JSON line of all figures")
-    parser.add_argument("overrides", nargs="*", help="dotted.key=value, as for rlf-train")
-    args = parser.parse_args(argv)
-    if args.steps < 2:
-        parser.error("--steps must be >= 2 (the first is a warm-up)")
-    if not Path(args.config).is_file():
-        parser.error(f"no config file {args.config}")
+    from rlf_bench.speed_bench import config_bench_args
+
+    steps_help = "trainer steps, the first not profiled"
+    update_help = "profile each GRPO update as well"
+    args = config_bench_args(
+        "rlf-bench profile", __doc__, argv, precision="auto", steps=2, steps_help=steps_help,
+        flags={"--update": update_help},
+    )  # fmt: skip
     report = profile_config(args.config, args.precision, args.steps, args.overrides, update=args.update)
     print(format_profile(report) + (f"\n{json.dumps(report)}" if args.json else ""), flush=True)
     return 0

@@ -100,6 +100,35 @@ def phase_figures(records: list[dict[str, float]], body: int, head: int, peak: f
     return out
 
 
+def config_bench_args(
+    prog: str,
+    doc: str,
+    argv: list[str] | None,
+    *,
+    precision: str,
+    steps: int,
+    steps_help: str,
+    flags: dict[str, str] | None = None,
+) -> argparse.Namespace:
+    """``argv`` of an ``rlf-bench`` command that runs trainer steps of a config: ``--config`` (an
+    existing file), ``--precision``, ``--steps`` (at least 2: the first is a warm-up), ``--json``,
+    the on/off ``flags`` (name: help) and ``dotted.key=value`` overrides; a usage error otherwise."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--precision", default=precision, choices=["no", "bf16", "auto"])
+    parser.add_argument("--steps", type=int, default=steps, help=steps_help)
+    for flag, text in (flags or {}).items():
+        parser.add_argument(flag, action="store_true", help=text)
+    parser.add_argument("--json", action="store_true", help="end with one JSON line of all figures")
+    parser.add_argument("overrides", nargs="*", help="dotted.key=value, as for rlf-train")
+    args = parser.parse_args(argv)
+    if args.steps < 2:
+        parser.error("--steps must be >= 2 (the first is a warm-up)")
+    if not Path(args.config).is_file():
+        parser.error(f"no config file {args.config}")
+    return args
+
+
 def bench_overrides(precision: str, steps: int, workdir: Path | str) -> list[str]:
     """What a bench run of trainer steps sets last: the precision and step count, its own run
     folder, and no progress bar, eval or checkpoint (they would be timed with the steps)."""

@@ -1,9 +1,9 @@
 """``mixed_precision: auto``: bf16 where the chip multiplies bf16 natively, fp32 elsewhere.
 
 bf16 pays only where the hardware has bf16 arithmetic: CUDA devices that report it, and CPUs with
-AVX512-BF16 or AMX (on the 2-core AMD EPYC we develop on, a bf16 matmul runs ~4x an fp32 one).
-Elsewhere a CPU emulates bf16 and runs slower than fp32, so ``auto`` keeps fp32 there. The answer
-comes from the processor's own flags (``/proc/cpuinfo``), never from the model's name.
+AVX512-BF16 or AMX (on the 2-core Intel Xeon VM we develop on, with AMX, a bf16 matmul runs 4-7x an
+fp32 one). Elsewhere a CPU emulates bf16 and runs slower than fp32, so ``auto`` keeps fp32 there.
+The answer comes from the processor's own flags (``/proc/cpuinfo``), never from the model's name.
 
 Example:
     >>> resolve_mixed_precision("auto", cuda_bf16=False, cpu_flags={"avx2", "avx512_bf16"})

@@ -71,6 +71,7 @@ def test_sampling_params_win_over_the_checkpoint_generation_config(tiny_model, t
     tiny_model.generation_config.do_sample = False
     tiny_model.generation_config.top_k = 1
     tiny_model.generation_config.repetition_penalty = 50.0
+    tiny_model.generation_config.min_p = 0.9
     policy = HFPolicy(tiny_model, tiny_tokenizer)
     samples = {
         tuple(policy.generate([prompts[1]], SamplingParams(max_new_tokens=8, seed=s))[0].token_ids)
@@ -84,6 +85,19 @@ def test_sampling_params_win_over_the_checkpoint_generation_config(tiny_model, t
         0
     ].token_ids
     assert greedy == top1 == cold
+
+
+def test_min_p_neutralised_only_where_the_checkpoint_sets_it_samples_the_same_tokens(
+    tiny_model, tiny_tokenizer, prompts
+):
+    """Without a checkpoint min_p no min_p warper runs (it costs a pass over the vocabulary a
+    token); the tokens are those sampled with min_p held at its neutral 0.0."""
+    params = SamplingParams(max_new_tokens=12, seed=3)
+    tiny_model.generation_config.min_p = None
+    unset = [c.token_ids for c in HFPolicy(tiny_model, tiny_tokenizer).generate(prompts * 2, params)]
+    tiny_model.generation_config.min_p = 0.0  # a checkpoint default: neutralised with 0.0, the warper runs
+    neutral = [c.token_ids for c in HFPolicy(tiny_model, tiny_tokenizer).generate(prompts * 2, params)]
+    assert unset == neutral
 
 
 def test_stops_at_the_first_stop_token_keeps_it_and_strips_padding(tiny_model, tiny_tokenizer, prompts):

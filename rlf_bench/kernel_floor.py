@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,12 +56,12 @@ class TensorLayout:
     dtype: torch.dtype
 
     def materialise(self, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """A tensor of this layout (random values; ``dtype`` in place of a floating one's own)."""
+        """A tensor of this layout (``dtype`` in place of a floating one's own): random values, or
+        ones (a boolean mask that lets every position through; these kernels' time does not
+        depend on the values)."""
         dtype = dtype if dtype is not None and self.dtype.is_floating_point else self.dtype
         size = 1 + sum((n - 1) * s for n, s in zip(self.shape, self.stride, strict=True)) if self.shape else 1
-        storage = (
-            torch.randn(size, dtype=dtype) if dtype.is_floating_point else torch.zeros(size, dtype=dtype)
-        )
+        storage = torch.randn(size, dtype=dtype) if dtype.is_floating_point else torch.ones(size, dtype=dtype)
         return storage.as_strided(self.shape, self.stride)
 
 
@@ -79,8 +80,9 @@ class KernelCall:
     args: tuple[Any, ...]
     kwargs: tuple[tuple[str, Any], ...]
 
-    def run(self, dtype: torch.dtype | None) -> Any:
-        """Call the op once on fresh operands (``dtype``: the floating operands' dtype, None: as recorded)."""
+    def prepare(self, dtype: torch.dtype | None) -> Callable[[], Any]:
+        """A call of the op on operands of the recorded layouts, made once (``dtype``: the floating
+        operands', None: as recorded)."""
         args = [
             a.materialise(None if (self.is_attention and i == _LOGSUMEXP_ARG) else dtype)
             if isinstance(a, TensorLayout)
@@ -127,7 +129,7 @@ class KernelRecorder(TorchDispatchMode):
 
 def replay_seconds(call: KernelCall, dtype: torch.dtype | None, repeats: int = 3) -> float:
     """The fastest of ``repeats`` timed calls of ``call`` alone (after one untimed), in ``dtype``."""
-    run = call.run(dtype)
+    run = call.prepare(dtype)
     run()
     best = float("inf")
     for _ in range(repeats):

@@ -111,15 +111,20 @@ def _action(settings: BenchSettings) -> str:
 async def _sdk_floor(config: dict[str, Any], settings: BenchSettings) -> list[float]:
     """Wall times (one per round) of the bench's calls gathered straight on ``mcp.Client`` sessions."""
     from mcp import Client, StdioServerParameters
+    from mcp.client.stdio import stdio_client
 
     entry = config["mcpServers"]["latency"]
     async with contextlib.AsyncExitStack() as stack:
         clients = []
         for _ in range(settings.floor_sessions):
+            # errlog given now: the SDK's default is the sys.stderr of its first import, which a
+            # test's capture may have closed since
             target = (
                 entry["url"]
                 if "url" in entry
-                else StdioServerParameters(command=entry["command"], args=entry["args"])
+                else stdio_client(
+                    StdioServerParameters(command=entry["command"], args=entry["args"]), errlog=sys.stderr
+                )
             )
             clients.append(await stack.enter_async_context(Client(target)))
         await asyncio.gather(*(c.call_tool("sleep", {"ms": 0}) for c in clients))

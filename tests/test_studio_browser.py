@@ -79,6 +79,9 @@ def test_create_project_and_reload(ui: Page, project: Path) -> None:
 
 def test_tools_bundled_server_and_playground(ui: Page, project: Path) -> None:
     ui.tab("Tools")
+    # the reload's project change loads the project's mcp.json into the editor after the page is up:
+    # text typed before it lands would be overwritten (the last handler of that change fills this)
+    ui.sees("tools-tokens", "Connect the servers")
     ui.fill("mcp-json", '{"mcpServers": {"x": {"command": "python",}}}')
     ui.click("mcp-validate")
     ui.sees("tools-status", "Invalid JSON")

@@ -242,7 +242,7 @@ def floor_report(config: str, precision: str, steps: int, overrides: list[str]) 
         "step_s": timed["step_s"],
         "phases": phases,
         "step_speedup_bound": timed["step_s"] / max(total_floor, 1e-9),
-        "update_peak_share_bound": flops / max(matmul_floor, 1e-9) / 1e9 / peak if matmul_floor else None,
+        "update_peak_share_bound": flops / matmul_floor / 1e9 / peak if matmul_floor else None,
     }
 
 

@@ -32,6 +32,7 @@ import numpy as np
 
 from rlf_envs.info_keys import TOOL_CALLS
 from rlf_envs.loop_thread import LoopThread
+from rlf_envs.ports import free_local_port
 
 LATENCY_MODULE = "rlf_envs.servers.latency"
 
@@ -48,12 +49,6 @@ class BenchSettings:
     calls_per_step: int = 1
     floor_sessions: int = 1  # the raw-SDK floor: how a plain MCP client runs, one session per server
     repeats: int = 3  # timed rounds of `steps` steps for the env and for the floor; medians are reported
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
@@ -88,7 +83,7 @@ def latency_servers(settings: BenchSettings) -> Iterator[dict[str, Any]]:
         return
     if settings.transport != "http":
         raise ValueError(f"transport must be 'stdio' or 'http', got {settings.transport!r}")
-    port = _free_port()
+    port = free_local_port()
     cmd = [sys.executable, *_server_args(settings), "--transport", "http", "--port", str(port)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

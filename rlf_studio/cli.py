@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 from pathlib import Path
+
+from rlf_envs.ports import free_local_port
 
 DEFAULT_PORT = 7870
 
@@ -26,12 +27,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # a local tool: no usage pings
@@ -40,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as exc:
         print(f"rlf-studio needs the studio extra: pip install 'rlf[studio]' ({exc})", file=sys.stderr)
         return 2
-    port = args.port or free_port(args.host)
+    port = args.port or free_local_port(args.host)
     app, studio = build_app(Path(args.project_dir))
     app.queue(default_concurrency_limit=8)
     app.launch(server_name=args.host, server_port=port, prevent_thread_lock=True, quiet=True, css=CSS,

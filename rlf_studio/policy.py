@@ -14,7 +14,6 @@ Example:
 from __future__ import annotations
 
 import json
-import socket
 import sys
 import time
 import urllib.error
@@ -28,13 +27,6 @@ from rlf_studio.runner import RunProcess
 
 SERVE_LOG = "serve.log"
 EPISODE_COLUMNS = ["task", "question", "final response", "reward", "turns", "tool calls", "errors"]
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def serve_command(model_dir: Path, port: int, name: str) -> list[str]:

@@ -1,6 +1,6 @@
 """Fixtures shared by several test files; pytest finds them by name, nothing to import.
 
-Shared *helpers* (functions, classes, constants: ``REPO``, ``free_port``, ``http_server``,
+Shared *helpers* (functions, classes, constants: ``REPO``, ``free_local_port``, ``http_server``,
 ``OpenAITestServer``, ``rlf_serve``, ``tiny_config``, ...) live in ``tests/helpers.py``: import them
 from there, never from another ``test_*.py`` file. The fixture servers (``tests/mcp_fixtures/*_server.py``)
 are real MCP servers that the tests run as subprocesses.

@@ -1,11 +1,11 @@
 """Helpers shared by the tests: plain functions, classes and constants (fixtures are in conftest.py).
 
-Import them from here (``from tests.helpers import free_port, http_server``), never from another
+Import them from here (``from tests.helpers import free_local_port, http_server``), never from another
 ``test_*.py`` file. What is here:
 
 - MCP servers: the ``mcpServers`` entries of the fixture servers in ``tests/mcp_fixtures/``
   (:func:`faulty_server`, :func:`tiny_server`) and of the latency server, :func:`http_server` (an
-  MCP server over streamable HTTP as a subprocess), :func:`free_port`, :func:`wait_for_port`,
+  MCP server over streamable HTTP as a subprocess), :func:`free_local_port` (from ``rlf_envs.ports``), :func:`wait_for_port`,
   :func:`pid_alive`, :data:`LoopThread`;
 - OpenAI-compatible servers: :class:`OpenAITestServer` (scripted, in this process) and
   :func:`rlf_serve` (``python -m rlf_serve.app`` as a subprocess);
@@ -44,6 +44,7 @@ import pytest
 from aiohttp import web
 
 from rlf_envs.loop_thread import LoopThread as EnvLoopThread
+from rlf_envs.ports import free_local_port
 from rlf_envs.rewards.rules import exact_match
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,12 +86,6 @@ def latency_server(*extra_args: str, **keys: Any) -> dict[str, Any]:
         "cwd": str(REPO),
         **keys,
     }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -257,7 +252,7 @@ def rlf_serve(model_dir: Path, *extra_args: str, ready_timeout_s: float = 180.0)
 
     One torch thread: on a small shared CPU, more threads of a tiny model mostly wait for each other.
     """
-    port = free_port()
+    port = free_local_port()
     command = [sys.executable, "-m", "rlf_serve.app", "--model", str(model_dir), "--served-model-name", "tiny",
                "--port", str(port), "--threads", "1", "--dtype", "float32", *extra_args]  # fmt: skip
     # fp32 unless the test asks otherwise: the tests compare with fp32 forwards and trainers, and

@@ -19,7 +19,7 @@ from rlf_envs.tasks.deepsearch.summarizer import (
     SummarizingDeepSearchTask,
     summarizer_mcp_config,
 )
-from tests.helpers import OpenAITestServer, free_port, http_server, rlf_serve
+from tests.helpers import OpenAITestServer, free_local_port, http_server, rlf_serve
 
 TASKS = [{"question": "What is the capital of Zorvia?", "answer": "Leidax"}]
 
@@ -54,7 +54,7 @@ def test_ask_expert_over_stdio_answers_in_a_tool_use_env(openai_server: OpenAITe
 
 
 def test_agent_over_streamable_http(openai_server: OpenAITestServer) -> None:
-    port = free_port()
+    port = free_local_port()
     argv = [sys.executable, "-m", "rlf_envs.servers.agent", "--base-url", openai_server.url,
             "--model", "remote", "--name", "consult", "--arg-name", "request"]  # fmt: skip
     with http_server(argv, port):
@@ -85,7 +85,7 @@ def test_8_envs_ask_at_once_and_the_calls_overlap(openai_server: OpenAITestServe
 
 
 def test_failures_of_the_model_behind_the_tool_are_clear_tool_errors(openai_server: OpenAITestServer) -> None:
-    dead_url = f"http://127.0.0.1:{free_port()}/v1"
+    dead_url = f"http://127.0.0.1:{free_local_port()}/v1"
     servers = {
         "down": agent_server_config(dead_url, "m", name="ask_down", retries=0),
         "overloaded": agent_server_config(openai_server.url, "fail-503", name="ask_overloaded", retries=1),

@@ -12,7 +12,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import rlf_envs  # noqa: F401
-from tests.helpers import faulty_server, free_port, http_server, latency_server
+from tests.helpers import faulty_server, free_local_port, http_server, latency_server
 
 TASKS = [{"question": f"q{i}", "answer": str(i)} for i in range(8)]
 
@@ -50,7 +50,7 @@ def test_256_calls_of_one_step_are_in_flight_at_once_stdio():
 
 
 def test_256_calls_of_one_step_are_in_flight_at_once_http():
-    port = free_port()
+    port = free_local_port()
     argv = [sys.executable, "-m", "rlf_envs.servers.latency"]
     with http_server(argv, port):
         servers = {"mcpServers": {"lat": {"url": f"http://127.0.0.1:{port}/mcp"}}}

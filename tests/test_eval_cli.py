@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from rlf_trainer.eval_cli import main
 from rlf_trainer.observe.pass_k import pass_at_k, success_rates
-from tests.helpers import REPO, TINY_CONFIG, OpenAITestServer, free_port
+from tests.helpers import REPO, TINY_CONFIG, OpenAITestServer, free_local_port
 
 LATENCY = f"env.kwargs.mcp_servers.mcpServers.latency.command={sys.executable}"
 
@@ -209,7 +209,7 @@ def _cli(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_an_unreachable_endpoint_is_one_line_and_exit_code_2(tmp_path: Path) -> None:
-    url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    url = f"http://127.0.0.1:{free_local_port()}/v1"  # nothing listens there
     result = _cli(
         "--env", "RLF/Codebook-v0", "--base-url", url, "--model", "m", "--out", str(tmp_path / "r.json")
     )

@@ -27,7 +27,7 @@ from rlf_envs.rewards.judge import (
     render_prompt,
 )
 from rlf_envs.types import Episode, TaskInstance
-from tests.helpers import OpenAITestServer, free_port, rlf_serve
+from tests.helpers import OpenAITestServer, free_local_port, rlf_serve
 
 
 async def get_json(url: str) -> Any:
@@ -213,7 +213,7 @@ def test_unparsable_reply_and_a_raising_parser_fall_back(openai_server: OpenAITe
 
 def test_unreachable_judge_falls_back_without_raising() -> None:
     judge = JudgeReward(
-        f"http://127.0.0.1:{free_port()}/v1", "judge-1", retries=1, backoff_s=0.01, fallback_score=0.5
+        f"http://127.0.0.1:{free_local_port()}/v1", "judge-1", retries=1, backoff_s=0.01, fallback_score=0.5
     )
     results = asyncio.run(judge_all(judge, [episode(f"q{i}", "a", "a") for i in range(4)]))
     assert all(

@@ -22,7 +22,7 @@ from tests.helpers import (
     FAULTY_SERVER,
     LoopThread,
     faulty_server,
-    free_port,
+    free_local_port,
     http_server,
     latency_server,
     pid_alive,
@@ -98,7 +98,7 @@ def test_256_calls_are_in_flight_at_once_on_one_stdio_session() -> None:
 
 
 def test_256_calls_are_in_flight_at_once_over_streamable_http() -> None:
-    port = free_port()
+    port = free_local_port()
     with http_server([sys.executable, "-m", "rlf_envs.servers.latency"], port):
 
         async def scenario() -> None:
@@ -282,7 +282,7 @@ def test_server_that_cannot_restart_gives_server_unavailable(tmp_path: Any) -> N
 
 
 def test_http_server_death_fails_calls_and_the_pool_reconnects() -> None:
-    port = free_port()
+    port = free_local_port()
     argv = [sys.executable, FAULTY_SERVER]
 
     async def scenario() -> None:

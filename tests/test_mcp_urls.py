@@ -24,7 +24,7 @@ from rlf_envs.tools.mcp_config import MCPConfigError, load_mcp_config
 from rlf_envs.tools.mcp_pool import MCPServerStartError, MCPToolPool
 from rlf_envs.tools.mcp_replica import MCPReplica, ReplicaState
 from rlf_envs.types import ErrorKind, ToolCall, ToolResult
-from tests.helpers import REPO, free_port, wait_for_port
+from tests.helpers import REPO, free_local_port, wait_for_port
 
 BASE_MS = 40  # server i sleeps BASE_MS + i ms by default
 EPISODES = 24
@@ -39,7 +39,7 @@ class LatencyFarm:
     """
 
     def __init__(self, count: int) -> None:
-        self.ports = [free_port() for _ in range(count)]
+        self.ports = [free_local_port() for _ in range(count)]
         self.urls = [f"http://127.0.0.1:{port}/mcp" for port in self.ports]
         self.processes: list[subprocess.Popen[bytes] | None] = [None] * count
 
@@ -156,7 +156,7 @@ def test_a_slow_call_on_a_healthy_url_is_a_timeout_and_the_check_it_triggers_kee
 
 
 def test_a_url_down_at_start_is_skipped_and_all_down_at_start_is_a_start_error(farm: LatencyFarm) -> None:
-    nothing = [f"http://127.0.0.1:{free_port()}/mcp" for _ in range(2)]
+    nothing = [f"http://127.0.0.1:{free_local_port()}/mcp" for _ in range(2)]
 
     async def scenario() -> None:
         async with MCPToolPool({"lat": {"urls": [nothing[0], farm.urls[0]]}}) as pool:

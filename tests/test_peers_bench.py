@@ -28,7 +28,7 @@ from rlf_bench.peers import (
     run_peer_driver,
 )
 from rlf_bench.plot import plot_compare, series
-from tests.helpers import free_port, http_server, pid_alive
+from tests.helpers import free_local_port, http_server, pid_alive
 
 SMALL = BenchSettings(num_envs=4, latency_ms=20, steps=2, sequential_calls=4)
 
@@ -145,7 +145,7 @@ def _needs(peer_name):
 )
 def test_real_peer_makes_every_call_through_its_own_stack(peer_name, warmup_steps):
     num_envs, steps = 4, 2
-    port = free_port()
+    port = free_local_port()
     argv = [sys.executable, "-m", "rlf_envs.servers.latency", "--latency-ms", "50"]
     with http_server(argv, port):
         url = f"http://127.0.0.1:{port}/mcp"

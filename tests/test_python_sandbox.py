@@ -25,7 +25,7 @@ from rlf_envs.tasks.python_tool.sandbox import (
     SandboxInputError,
     SandboxLimits,
 )
-from tests.helpers import free_port, http_server
+from tests.helpers import free_local_port, http_server
 
 REPO = Path(__file__).resolve().parent.parent
 SERVER = [sys.executable, "-m", "rlf_envs.tasks.python_tool.server"]
@@ -41,7 +41,7 @@ AUTO_MODE = "bwrap" if probe_bubblewrap().bubblewrap is not None else "guards"
 @pytest.fixture(scope="module", params=["auto", "guards"])
 def server(request: pytest.FixtureRequest) -> Any:
     """One sandbox server over streamable HTTP per isolation setting: ``(url, port, pid)``."""
-    port = free_port()
+    port = free_local_port()
     argv = [*SERVER, *SERVER_LIMITS, "--stats-tool", "--isolation", request.param]
     with http_server(argv, port) as process:
         url = f"http://127.0.0.1:{port}/mcp"

@@ -17,14 +17,14 @@ import rlf_envs  # noqa: F401  (registers the ids)
 from rlf_envs.isolation import probe_bubblewrap
 from rlf_envs.tasks.python_tool import WORD_TEMPLATES, PythonToolTask, generate_problems
 from rlf_envs.tasks.python_tool.sandbox import PythonSandbox, SandboxLimits
-from tests.helpers import free_port, http_server
+from tests.helpers import free_local_port, http_server
 
 
 @pytest.fixture(scope="module")
 def sandbox_servers() -> Iterator[dict]:
     """One sandbox server over streamable HTTP, shared by the env tests (the default stdio
     server is what check_env starts); an ``mcp_servers`` config pointing at it."""
-    port = free_port()
+    port = free_local_port()
     with http_server([sys.executable, "-m", "rlf_envs.tasks.python_tool.server"], port):
         yield {"mcpServers": {"python": {"url": f"http://127.0.0.1:{port}/mcp"}}}
 

@@ -13,7 +13,7 @@ import pytest
 
 from rlf_trainer.policy.base import SamplingParams
 from rlf_trainer.policy.remote import NoServerAnswered, RemotePolicy, RemoteRequestRefused, WeightPushFailed
-from tests.helpers import LOGPROB_ATOL, forward_logprobs, free_port, rlf_serve
+from tests.helpers import LOGPROB_ATOL, forward_logprobs, free_local_port, rlf_serve
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -112,7 +112,7 @@ def test_a_server_killed_mid_rollout_sends_its_requests_to_the_other(
 
 
 def test_no_server_left_fails_the_call_with_every_servers_error(tiny_tokenizer: Any, tmp_path: Path) -> None:
-    dead = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}/v1"]
+    dead = [f"http://127.0.0.1:{free_local_port()}", f"http://127.0.0.1:{free_local_port()}/v1"]
     policy = RemotePolicy(dead, tiny_tokenizer, weights_dir=tmp_path, request_timeout_s=5, max_attempts=3)
     started = time.monotonic()
     try:

@@ -14,7 +14,7 @@ from rlf_envs.tasks.deepsearch import server as search_server
 from rlf_envs.tasks.deepsearch.index import ensure_world_index
 from rlf_envs.tasks.deepsearch.task import DeepSearchTask
 from rlf_envs.tasks.deepsearch.world import World
-from tests.helpers import free_port, http_server
+from tests.helpers import free_local_port, http_server
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SERVER = [sys.executable, "-m", "rlf_envs.tasks.deepsearch.server"]
@@ -105,7 +105,7 @@ def test_oracle_walks_every_hop_through_the_task_config(index_dir: Path, world: 
 
 
 def test_search_over_streamable_http_with_the_world_seed_flag(index_dir: Path, world: World) -> None:
-    port = free_port()
+    port = free_local_port()
     country = next(e for e in world.entities.values() if e.kind == "country")
     cache_root = index_dir.parent.parent  # --world-seed finds the fixture's index there and reuses it
     meta_inode = (index_dir / "meta.json").stat().st_ino

@@ -25,7 +25,7 @@ from rlf_trainer.data.demonstrations import (
 )
 from rlf_trainer.policy import SamplingParams
 from rlf_trainer.rollout.lockstep import run_rollout
-from tests.helpers import ScriptedTextPolicy, free_port
+from tests.helpers import ScriptedTextPolicy, free_local_port
 
 ENV_ID = "RLF/DeepSearch-v0"
 
@@ -69,7 +69,7 @@ def test_collect_rejects_bad_input(tmp_path, two_hop_tasks):
     (tmp_path / "c.jsonl").write_text("")
     with pytest.raises(CollectError, match="exists: pass resume=True"):
         collect_demonstrations(ENV_ID, agent, out=tmp_path / "c.jsonl", task_indices=[0])
-    endpoint = build_agent(base_url=f"http://127.0.0.1:{free_port()}/v1", model="m")
+    endpoint = build_agent(base_url=f"http://127.0.0.1:{free_local_port()}/v1", model="m")
     with pytest.raises(CollectError, match="did not answer"):
         collect_demonstrations(ENV_ID, endpoint, out=tmp_path / "d.jsonl", task_indices=[0])
 

@@ -28,7 +28,7 @@ from rlf_envs.tasks.sql import (
     results_match,
 )
 from rlf_envs.tasks.sql.data import database_path
-from tests.helpers import free_port, http_server
+from tests.helpers import free_local_port, http_server
 
 
 def call(name, **arguments):
@@ -258,7 +258,7 @@ def test_single_statement_check_reads_sql_like_sqlite():
 
 
 def test_server_over_http_shows_row_limit_and_describes_tables(task):
-    port = free_port()
+    port = free_local_port()
     argv = [sys.executable, "-m", "rlf_envs.tasks.sql.server", "--db", str(task.db_path), "--max-rows", "5"]
     with http_server(argv, port):
         servers = {"mcpServers": {"sqlite": {"url": f"http://127.0.0.1:{port}/mcp"}}}

@@ -26,7 +26,7 @@ import pytest
 from rlf_trainer.policy.base import SamplingParams
 from rlf_trainer.policy.remote import RemotePolicy
 from rlf_trainer.trainer import Trainer
-from tests.helpers import LOGPROB_ATOL, REPO, forward_logprobs, free_port, tiny_config, wait_for_port
+from tests.helpers import LOGPROB_ATOL, REPO, forward_logprobs, free_local_port, tiny_config, wait_for_port
 
 pytestmark = [
     pytest.mark.vllm,
@@ -44,7 +44,7 @@ def vllm_serve(model_dir: Path) -> Iterator[str]:
     On CPU: whole prefills (seeded requests crash vLLM's CPU runner after a partial one) and
     32-token KV blocks, as :class:`~rlf_trainer.policy.vllm.VLLMPolicy` sets them.
     """
-    port = free_port()
+    port = free_local_port()
     # `vllm serve` itself, started as a module: the CPU venv's vllm has no package metadata, which
     # the `vllm` console script reads for --version
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host", "127.0.0.1",

@@ -8,7 +8,8 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from rlf_studio.policy import EPISODE_COLUMNS, chat_once, free_port, play_episodes, serve_model
+from rlf_envs.ports import free_local_port
+from rlf_studio.policy import EPISODE_COLUMNS, chat_once, play_episodes, serve_model
 from rlf_studio.training import run_env
 from rlf_studio.ui.common import Studio, error, guarded, ok, status_box
 
@@ -69,7 +70,7 @@ class ModelSection:
         old = self.studio.servers.pop(key, None)
         if old is not None:
             old.abort(grace_s=5)
-        process, base_url, served = serve_model(model_dir, log_dir, free_port(), run_env(project))
+        process, base_url, served = serve_model(model_dir, log_dir, free_local_port(), run_env(project))
         self.studio.servers[key] = process
         return ok(f"serving {served!r} at {base_url}"), base_url, served
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import REPO, free_port, wait_for_port
+from tests.helpers import REPO, free_local_port, wait_for_port
 
 SCREENSHOTS_ENV = "RLF_STUDIO_SCREENSHOTS"  # a folder (relative: to the repository) to write them into
 FIXTURES = REPO / "tests" / "studio_fixtures"
@@ -51,7 +51,7 @@ def chromium_path() -> str:
 @contextlib.contextmanager
 def studio_server(project_dir: Path) -> Iterator[str]:
     """``python -m rlf_studio`` on a free port of 127.0.0.1, as a user starts it; yields its URL."""
-    port = free_port()
+    port = free_local_port()
     log = (project_dir.parent / "studio-server.log").open("wb")
     env = {**os.environ, "PYTHONPATH": str(REPO), "GRADIO_ANALYTICS_ENABLED": "False"}
     argv = [sys.executable, "-m", "rlf_studio", "--host", "127.0.0.1", "--port", str(port)]

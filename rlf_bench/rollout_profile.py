@@ -7,7 +7,7 @@ splits the generation's (and the update's) wall time:
 - **body matmuls**: ``mm`` / ``addmm`` / ``bmm`` / ``linear`` of the transformer layers;
 - **vocabulary projection**: the same ops where a shape has the vocabulary's size (the LM head);
 - **attention**: scaled-dot-product attention kernels;
-- **logits and sampling**: other ops on vocabulary-sized tensors (softmax, warpers, multinomial; in
+- **logits and sampling**: other ops on vocabulary-sized tensors (softmax, warpers, the sampler; in
   the update the log-softmax of the picked tokens);
 - **other torch ops**: norms, activations, rotary embeddings, copies, KV-cache updates;
 - **outside torch ops**: the rest of the wall time, i.e. Python in ``generate`` and the model's

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
 
 from rlf_trainer.policy import Completion, HFPolicy, Policy, SamplingParams, inference_state_dict
 from rlf_trainer.policy.base import stop_ids_for
+from rlf_trainer.policy.sampling import InverseCdfSampler
 from tests.helpers import forward_logprobs
 
 
@@ -87,17 +89,21 @@ def test_sampling_params_win_over_the_checkpoint_generation_config(tiny_model, t
     assert greedy == top1 == cold
 
 
-def test_min_p_neutralised_only_where_the_checkpoint_sets_it_samples_the_same_tokens(
-    tiny_model, tiny_tokenizer, prompts
-):
-    """Without a checkpoint min_p no min_p warper runs (it costs a pass over the vocabulary a
-    token); the tokens are those sampled with min_p held at its neutral 0.0."""
-    params = SamplingParams(max_new_tokens=12, seed=3)
-    tiny_model.generation_config.min_p = None
-    unset = [c.token_ids for c in HFPolicy(tiny_model, tiny_tokenizer).generate(prompts * 2, params)]
-    tiny_model.generation_config.min_p = 0.0  # a checkpoint default: neutralised with 0.0, the warper runs
-    neutral = [c.token_ids for c in HFPolicy(tiny_model, tiny_tokenizer).generate(prompts * 2, params)]
-    assert unset == neutral
+def test_the_sampler_draws_the_warped_distribution_from_one_uniform_a_row():
+    """Temperature 0.5 then top-k 4 then top-p 0.95 over logits 3, 2, 1, 0, -1, -2: scaled, the
+    first two tokens hold 0.982 of the mass, so top-p keeps them alone, at e^6 : e^4."""
+    sampler = InverseCdfSampler(temperature=0.5, top_k=4, top_p=0.95)
+    rows = 40_000
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0, -1.0, -2.0]]).expand(rows, 6).clone()
+    torch.manual_seed(0)
+    scores = sampler(torch.zeros(rows, 1, dtype=torch.long), logits)
+    assert bool((scores.isfinite().sum(dim=1) == 1).all())
+    tokens = scores.argmax(dim=1)
+    counts = torch.bincount(tokens, minlength=6).double() / rows
+    expected = torch.tensor([1.0, math.exp(-2.0), 0, 0, 0, 0], dtype=torch.float64)
+    expected /= expected.sum()
+    # 40,000 draws: a frequency's standard error is at most 0.0025
+    assert torch.allclose(counts, expected, atol=0.01), counts
 
 
 def test_stops_at_the_first_stop_token_keeps_it_and_strips_padding(tiny_model, tiny_tokenizer, prompts):

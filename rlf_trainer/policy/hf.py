@@ -42,17 +42,16 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# Every knob a checkpoint's generation_config.json could set, at its neutral value. Passing them
-# explicitly keeps a model's shipped defaults (repetition penalty, min_p, ...) from silently changing
-# the distribution we sample from: SamplingParams is the whole specification. Logit processors apply
-# to greedy decoding too; the warpers only when sampling (passing them when greedy only draws warnings).
+# Every knob a checkpoint's generation_config.json could set that applies to greedy decoding, at its
+# neutral value: SamplingParams is the whole specification. Sampling runs as a greedy `generate`
+# whose last logits processor draws the token (rlf_trainer.policy.sampling), so the checkpoint's
+# warpers (temperature, top-k/p, min_p, ...) never run: transformers applies them only with do_sample.
 _NEUTRAL_PROCESSORS = {
     "repetition_penalty": 1.0,
     "no_repeat_ngram_size": 0,
     "min_new_tokens": 0,
     "num_beams": 1,
 }
-_NEUTRAL_WARPERS = {"min_p": 0.0, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0}
 
 
 class HFPolicy:
@@ -138,7 +137,8 @@ class HFPolicy:
             input_ids=batch.input_ids,
             attention_mask=batch.attention_mask,
             past_key_values=batch.past,
-            generation_config=_generation_config(params, stop_ids, pad_id, self.model.generation_config),
+            generation_config=_generation_config(params, stop_ids, pad_id),
+            logits_processor=_sampler(params),
         )
         new_tokens = out.sequences[:, batch.input_ids.shape[1] :]
         logprobs = torch.stack(
@@ -271,30 +271,13 @@ def _core_module(model: torch.nn.Module) -> torch.nn.Module:
     return get_base_model() if callable(get_base_model) else model
 
 
-def _generation_config(params: SamplingParams, stop_ids: list[int], pad_id: int, model_defaults: Any) -> Any:
-    """``generate``'s config for ``params``: every knob that ``model_defaults`` (the checkpoint's
-    generation config, whose set values fill our unset ones) could set held at its neutral value."""
+def _generation_config(params: SamplingParams, stop_ids: list[int], pad_id: int) -> Any:
+    """``generate``'s config for ``params``: greedy decoding (a sampled token is chosen by
+    :func:`_sampler`'s processor), every processor a checkpoint could set held at its neutral value."""
     from transformers import GenerationConfig
 
-    warpers = dict(_NEUTRAL_WARPERS)
-    # transformers runs a min_p warper whenever min_p is set, 0.0 included: a softmax, top-k and
-    # masked fill over the vocabulary that keep every token (~3 ms a step for 16 rows x 49,152
-    # entries). Unset here and in the checkpoint, it adds none.
-    if getattr(model_defaults, "min_p", None) is None:
-        del warpers["min_p"]
-    sampling: dict[str, Any] = (
-        {"do_sample": False}
-        if params.greedy
-        else {
-            "do_sample": True,
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "top_k": params.top_k,
-            **warpers,
-        }
-    )
     return GenerationConfig(
-        **sampling,
+        do_sample=False,
         **_NEUTRAL_PROCESSORS,
         max_new_tokens=params.max_new_tokens,
         eos_token_id=stop_ids,
@@ -303,3 +286,14 @@ def _generation_config(params: SamplingParams, stop_ids: list[int], pad_id: int,
         return_dict_in_generate=True,
         use_cache=True,
     )
+
+
+def _sampler(params: SamplingParams) -> Any:
+    """The logits processors that sample ``params``' distribution (none for greedy decoding)."""
+    from transformers import LogitsProcessorList
+
+    from rlf_trainer.policy.sampling import InverseCdfSampler  # imports transformers
+
+    if params.greedy:
+        return LogitsProcessorList()
+    return LogitsProcessorList([InverseCdfSampler(params.temperature, params.top_k, params.top_p)])

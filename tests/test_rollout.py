@@ -255,7 +255,8 @@ def test_sampled_episodes_are_token_exact(mode, tiny_model, tiny_tokenizer):
                 assert ids[e : generated[turn + 1][0]] == delta
         assert generated[-1][1] == length  # the sequence ends with the last generated token
     stats = batch.stats
-    assert [s.tool_calls for s in stats][2:4] == [1, 1] and stats[2].turns >= 2  # the forced tool turns
+    # the forced tool turns (a later sampled turn of the random model may call a tool too)
+    assert all(s.tool_calls >= 1 and s.turns >= 2 for s in stats[2:4])
     assert all(s.finish_reason in ("answer", "max_turns") for s in stats)
     assert sum(s.response_length for s in stats) == int(batch.loss_mask.sum())
     phases = batch.timings["generate"] + batch.timings["tools+reward"] + batch.timings["tokenize"]

@@ -31,6 +31,7 @@ ENV_LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "rlf_envs.spaces",
             "rlf_envs.llm_client",
             "rlf_envs.info_keys",
+            "rlf_envs.ports",
         ),
     ),
     (

@@ -59,21 +59,35 @@ class InverseCdfSampler(LogitsProcessor):
         return chosen.scatter_(1, tokens[:, None], 0.0)
 
 
-def sample_rows(probs: torch.Tensor) -> torch.Tensor:
+def sample_rows(probs: torch.Tensor, block: int = 1024) -> torch.Tensor:
     """One index a row of ``probs`` ``[rows, vocab]``, drawn with probability proportional to its entry.
 
-    The cumulative sum runs in float64 so that no entry's interval is lost to rounding; an entry of 0
-    has an empty interval and is never drawn.
+    Two binary searches: over the cumulative masses of ``block``-sized runs of the vocabulary, then
+    within the chosen run (a cumulative sum over the whole row is a serial pass; a sum is not). Sums
+    run in float64, and every draw lands strictly inside a positive interval, so an entry of 0 is
+    never drawn.
 
     >>> _ = torch.manual_seed(0)
-    >>> draws = sample_rows(torch.tensor([[0.0, 0.25, 0.0, 0.75]]).expand(4000, 4))
+    >>> draws = sample_rows(torch.tensor([[0.0, 0.25, 0.0, 0.75, 0.0]]).expand(4000, 5), block=2)
     >>> sorted(set(draws.tolist())), abs(float((draws == 3).double().mean()) - 0.75) < 0.03
     ([1, 3], True)
     """
-    cumulative = probs.double().cumsum(dim=-1)
-    uniform = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device)
-    tokens = torch.searchsorted(cumulative, uniform * cumulative[:, -1:], right=True).squeeze(1)
-    tokens = tokens.clamp_(max=probs.shape[1] - 1)
-    # a draw rounded up onto the total lands past the last positive entry: take the likeliest one
-    empty = probs.gather(1, tokens[:, None]).squeeze(1) <= 0
-    return torch.where(empty, probs.argmax(dim=-1), tokens)
+    rows, vocab = probs.shape
+    padded = torch.nn.functional.pad(probs, (0, -vocab % block)) if vocab % block else probs
+    runs = padded.reshape(rows, -1, block)
+    mass = runs.sum(dim=-1, dtype=torch.float64)
+    cumulative = mass.cumsum(dim=-1)
+    total = cumulative[:, -1:]
+    if not bool((total > 0).all()):
+        raise ValueError("cannot sample: a row's probabilities are all zero or not finite")
+    draw = _below(torch.rand(rows, 1, dtype=torch.float64, device=probs.device) * total, total)
+    run = torch.searchsorted(cumulative, draw, right=True)  # the first run whose cumulative mass exceeds it
+    within = runs[torch.arange(rows, device=probs.device), run.squeeze(1)].double().cumsum(dim=-1)
+    left = (draw - (cumulative.gather(1, run) - mass.gather(1, run))).clamp_(min=0.0)
+    offset = torch.searchsorted(within, _below(left, within[:, -1:]), right=True)
+    return (run * block + offset).squeeze(1)
+
+
+def _below(values: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
+    """``values`` kept strictly below ``bounds`` (a product or difference may round up onto its bound)."""
+    return torch.minimum(values, torch.nextafter(bounds, torch.zeros_like(bounds)))

@@ -89,10 +89,13 @@ def test_sampling_params_win_over_the_checkpoint_generation_config(tiny_model, t
     assert greedy == top1 == cold
 
 
-def test_the_sampler_draws_the_warped_distribution_from_one_uniform_a_row():
-    """Temperature 0.5 then top-k 4 then top-p 0.95 over logits 3, 2, 1, 0, -1, -2: scaled, the
-    first two tokens hold 0.982 of the mass, so top-p keeps them alone, at e^6 : e^4."""
-    sampler = InverseCdfSampler(temperature=0.5, top_k=4, top_p=0.95)
+@pytest.mark.parametrize("top_k, top_p", [(4, 0.95), (2, 0.99)], ids=["top_p-cuts", "top_k-cuts"])
+def test_the_sampler_draws_the_warped_distribution_from_one_uniform_a_row(top_k, top_p):
+    """Temperature 0.5 over logits 3, 2, 1, 0, -1, -2 gives 0.865, 0.117, 0.016, ...: top-p 0.95
+    keeps the first two (top-k 4 would keep four), top-k 2 keeps them too (top-p 0.99 would keep
+    three). Either way tokens 0 and 1 alone, at e^6 : e^4; a warper or the temperature ignored
+    draws a third token or other shares."""
+    sampler = InverseCdfSampler(temperature=0.5, top_k=top_k, top_p=top_p)
     rows = 40_000
     logits = torch.tensor([[3.0, 2.0, 1.0, 0.0, -1.0, -2.0]]).expand(rows, 6).clone()
     torch.manual_seed(0)

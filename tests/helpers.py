@@ -5,8 +5,8 @@ Import them from here (``from tests.helpers import free_local_port, http_server`
 
 - MCP servers: the ``mcpServers`` entries of the fixture servers in ``tests/mcp_fixtures/``
   (:func:`faulty_server`, :func:`tiny_server`) and of the latency server, :func:`http_server` (an
-  MCP server over streamable HTTP as a subprocess), :func:`free_local_port` (from ``rlf_envs.ports``), :func:`wait_for_port`,
-  :func:`pid_alive`, :data:`LoopThread`;
+  MCP server over streamable HTTP as a subprocess), :func:`free_local_port` (from ``rlf_envs.ports``),
+  :func:`wait_for_port`, :func:`pid_alive`, :data:`LoopThread`;
 - OpenAI-compatible servers: :class:`OpenAITestServer` (scripted, in this process) and
   :func:`rlf_serve` (``python -m rlf_serve.app`` as a subprocess);
 - the tiny random Qwen3: :data:`TINY_MODEL_KWARGS`, :func:`build_tiny_model`, :func:`tiny_model_path`,

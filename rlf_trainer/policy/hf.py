@@ -292,7 +292,7 @@ def _sampler(params: SamplingParams) -> Any:
     """The logits processors that sample ``params``' distribution (none for greedy decoding)."""
     from transformers import LogitsProcessorList
 
-    from rlf_trainer.policy.sampling import InverseCdfSampler  # imports transformers
+    from rlf_trainer.policy.sampling import InverseCdfSampler  # here: it imports transformers on import
 
     if params.greedy:
         return LogitsProcessorList()

@@ -5,9 +5,10 @@ for every vocabulary entry of every row, serially: 14.4 ms a decoding step for 1
 SmolLM2's 49,152 logits on the 2-core development VM, a fifth of a bf16 decoding step there.
 :class:`InverseCdfSampler` draws the same distribution from one uniform number a row (the token
 whose cumulative probability interval holds it, found by :func:`sample_rows`): 0.97 ms with the
-softmax and warpers, plus 0.6 ms for ``generate``'s argmax (docs/benchmarks.md). It runs as the last logits processor of a greedy ``generate``: it applies the
-temperature, top-k and top-p warpers (transformers' own, in transformers' order), picks a token a
-row and leaves that token the only finite score, so the greedy argmax takes it.
+softmax and warpers, plus 0.6 ms for ``generate``'s argmax (docs/benchmarks.md). It runs as the
+last logits processor of a greedy ``generate``: it applies the temperature, top-k and top-p warpers
+(transformers' own, in transformers' order), picks a token a row and leaves that token the only
+finite score, so the greedy argmax takes it.
 
 The tokens differ from ``torch.multinomial``'s for the same seed (another use of the random
 stream), not in distribution; the raw logits that the log-probs come from are unchanged.

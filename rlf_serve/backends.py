@@ -232,6 +232,7 @@ def load_backend(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlf_trainer.policy.hf import HFPolicy
+    from rlf_trainer.run.grouped_attention import use_grouped_sdpa
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if dtype == "auto":  # bf16 where the chip multiplies it natively (the trainer's mixed_precision rule)
@@ -245,6 +246,7 @@ def load_backend(
         torch_dtype = getattr(torch, dtype)
     tokenizer = AutoTokenizer.from_pretrained(model)
     hf_model = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype).to(device)
+    use_grouped_sdpa(hf_model)
     hf_model.eval()
     return PolicyChatBackend(
         HFPolicy(hf_model, tokenizer, prefix_cache_tokens=prefix_cache_tokens), tokenizer

@@ -21,6 +21,7 @@ from rlf_trainer.algorithms.optimize import Learner
 from rlf_trainer.config import Config, ConfigError
 from rlf_trainer.policy.base import Policy
 from rlf_trainer.rollout.guidance import Demonstrator
+from rlf_trainer.run.grouped_attention import use_grouped_sdpa
 from rlf_trainer.run.schedule import lr_scheduler
 
 
@@ -82,11 +83,13 @@ def _from_pretrained(config: Config, model_path: str) -> Any:
     from transformers import AutoModelForCausalLM
 
     dtype = config.model.dtype
-    return AutoModelForCausalLM.from_pretrained(
+    model = AutoModelForCausalLM.from_pretrained(
         model_path,
         dtype=dtype if dtype == "auto" else getattr(torch, dtype),
         trust_remote_code=config.model.trust_remote_code,
     )
+    use_grouped_sdpa(model)  # masked grouped-query attention without repeated key/value heads on a CPU
+    return model
 
 
 def load_model(config: Config, model_path: str) -> Any:

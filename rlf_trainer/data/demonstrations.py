@@ -150,9 +150,11 @@ class LocalModelAgent:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from rlf_trainer.policy import HFPolicy
+        from rlf_trainer.run.grouped_attention import use_grouped_sdpa
 
         tokenizer = AutoTokenizer.from_pretrained(str(model_path))
         model = AutoModelForCausalLM.from_pretrained(str(model_path))
+        use_grouped_sdpa(model)
         self.policy = HFPolicy(model, tokenizer)
         self.temperature, self.max_new_tokens, self.seed = temperature, max_new_tokens, seed
         self._lock = threading.Lock()

@@ -1,0 +1,101 @@
+"""Grouped-query attention with a mask on a CPU, without copying each key/value head per query head.
+
+transformers' ``sdpa`` attention passes ``enable_gqa=True`` to ``scaled_dot_product_attention``
+only when no mask is given (CUDA's flash kernels take one or the other); with a mask it first
+repeats every key/value head once per query head it serves (``repeat_kv``), a copy of the whole
+key/value cache in every layer. A rollout's batches always carry a mask (left padding, and the
+prefix cache's ``[pad][stored][pad][new]`` rows), so every decoding step paid that copy: for
+SmolLM2-135M (9 query heads over 3 key/value heads), 16 rows over 700 tokens, bf16, one thread, a
+decoding forward took 210 ms with padding and 120 ms without (docs/benchmarks.md). torch's CPU
+flash kernel takes a mask and grouped heads together, with outputs equal to the repeated heads'
+to the last bit.
+
+:func:`use_grouped_sdpa` switches a model to :func:`grouped_sdpa_forward`, registered with
+transformers' ``AttentionInterface`` (and ``sdpa``'s masks) under :data:`GROUPED_SDPA`. It passes a
+CPU call with a mask and grouped heads straight to the kernel with ``enable_gqa=True`` and leaves
+every other call (no mask, other devices, paged caches, position biases) to transformers' ``sdpa``.
+The name lives only in the running model's config: a saved folder records no attention
+implementation, so vLLM, rlf-serve and ``from_pretrained`` load it as before.
+
+Example (a tiny random Llama with 4 query heads over 2 key/value heads):
+    >>> import torch
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+    ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)).eval()
+    >>> ids, mask = torch.tensor([[0, 5, 6, 7], [4, 5, 6, 7]]), torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    >>> before = model(input_ids=ids, attention_mask=mask).logits
+    >>> use_grouped_sdpa(model), model.config._attn_implementation
+    (True, 'rlf_grouped_sdpa')
+    >>> torch.equal(model(input_ids=ids, attention_mask=mask).logits, before)
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+GROUPED_SDPA = "rlf_grouped_sdpa"
+
+
+def grouped_sdpa_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function signature: ``query`` ``[batch, heads, q, dim]``, ``key`` and
+    ``value`` ``[batch, kv_heads, k, dim]``; returns ``[batch, q, heads, dim]`` and no weights."""
+    grouped = getattr(module, "num_key_value_groups", 1) > 1
+    plain = kwargs.get("position_bias") is not None or kwargs.get("cache") is not None
+    if attention_mask is None or not grouped or plain or query.device.type != "cpu":
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs
+        )
+    # With a mask transformers' sdpa is never causal: the mask says it all.
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register_grouped_sdpa() -> None:
+    """Make :data:`GROUPED_SDPA` a valid ``attn_implementation``, with ``sdpa``'s mask format."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(GROUPED_SDPA, grouped_sdpa_forward)
+    AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)
+
+
+def use_grouped_sdpa(model: Any) -> bool:
+    """Switch ``model`` (a transformers model, or a PEFT / DDP wrapper of one) from ``sdpa`` to
+    :func:`grouped_sdpa_forward` where its attention groups query heads; True if it switched.
+
+    Models on another attention implementation (eager, flash, flex) or without grouped heads are
+    left as they are. The outputs are unchanged; only the copies go.
+    """
+    while isinstance(getattr(model, "module", None), torch.nn.Module):  # DDP / accelerate wrappers
+        model = model.module
+    get_base_model = getattr(model, "get_base_model", None)  # PEFT
+    core = get_base_model() if callable(get_base_model) else model
+    config = getattr(core, "config", None)
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = getattr(text_config, "num_attention_heads", None)
+    kv_heads = getattr(text_config, "num_key_value_heads", None) or heads
+    if getattr(config, "_attn_implementation", None) != "sdpa" or not heads or kv_heads >= heads:
+        return False
+    register_grouped_sdpa()
+    core.set_attn_implementation(GROUPED_SDPA)
+    return True
+
+
+__all__ = ["GROUPED_SDPA", "grouped_sdpa_forward", "register_grouped_sdpa", "use_grouped_sdpa"]

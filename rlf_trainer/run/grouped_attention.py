@@ -77,24 +77,20 @@ def register_grouped_sdpa() -> None:
 
 
 def use_grouped_sdpa(model: Any) -> bool:
-    """Switch ``model`` (a transformers model, or a PEFT / DDP wrapper of one) from ``sdpa`` to
+    """Switch a transformers model, as loaded (before any LoRA or DDP wrapper), from ``sdpa`` to
     :func:`grouped_sdpa_forward` where its attention groups query heads; True if it switched.
 
     Models on another attention implementation (eager, flash, flex) or without grouped heads are
     left as they are. The outputs are unchanged; only the copies go.
     """
-    while isinstance(getattr(model, "module", None), torch.nn.Module):  # DDP / accelerate wrappers
-        model = model.module
-    get_base_model = getattr(model, "get_base_model", None)  # PEFT
-    core = get_base_model() if callable(get_base_model) else model
-    config = getattr(core, "config", None)
+    config = getattr(model, "config", None)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     heads = getattr(text_config, "num_attention_heads", None)
     kv_heads = getattr(text_config, "num_key_value_heads", None) or heads
     if getattr(config, "_attn_implementation", None) != "sdpa" or not heads or kv_heads >= heads:
         return False
     register_grouped_sdpa()
-    core.set_attn_implementation(GROUPED_SDPA)
+    model.set_attn_implementation(GROUPED_SDPA)
     return True
 
 

@@ -3,10 +3,11 @@
 transformers' ``sdpa`` attention passes ``enable_gqa=True`` to ``scaled_dot_product_attention``
 only when no mask is given (CUDA's flash kernels take one or the other); with a mask it first
 repeats every key/value head once per query head it serves (``repeat_kv``), a copy of the whole
-key/value cache in every layer. A rollout's batches always carry a mask (left padding, and the
-prefix cache's ``[pad][stored][pad][new]`` rows), so every decoding step paid that copy: for
-SmolLM2-135M (9 query heads over 3 key/value heads), 16 rows over 700 tokens, bf16, one thread, a
-decoding forward took 210 ms with padding and 120 ms without (docs/benchmarks.md). torch's CPU
+key/value cache in every layer. A rollout's batches nearly always carry a mask (left padding, and
+the prefix cache's ``[pad][stored][pad][new]`` rows), so nearly every decoding step paid that copy:
+for SmolLM2-135M (9 query heads over 3 key/value heads), 16 rows over 700 tokens, bf16, one
+thread, a decoding forward took 210 ms with left padding, 120 ms with it through this module and
+118-120 ms without padding (docs/benchmarks.md). torch's CPU
 flash kernel takes a mask and grouped heads together, with outputs equal to the repeated heads'
 to the last bit.
 

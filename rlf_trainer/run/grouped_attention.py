@@ -7,9 +7,8 @@ key/value cache in every layer. A rollout's batches nearly always carry a mask (
 the prefix cache's ``[pad][stored][pad][new]`` rows), so nearly every decoding step paid that copy:
 for SmolLM2-135M (9 query heads over 3 key/value heads), 16 rows over 700 tokens, bf16, one
 thread, a decoding forward took 210 ms with left padding, 120 ms with it through this module and
-118-120 ms without padding (docs/benchmarks.md). torch's CPU
-flash kernel takes a mask and grouped heads together, with outputs equal to the repeated heads'
-to the last bit.
+118-120 ms without padding (docs/benchmarks.md). torch's CPU flash kernel takes a mask and grouped
+heads together, with outputs equal to the repeated heads' to the last bit.
 
 :func:`use_grouped_sdpa` switches a model to :func:`grouped_sdpa_forward`, registered with
 transformers' ``AttentionInterface`` (and ``sdpa``'s masks) under :data:`GROUPED_SDPA`. It passes a

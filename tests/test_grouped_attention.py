@@ -20,7 +20,8 @@ def kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 
     def recording(query, key, value, *args, **kwargs):
         calls.append({"heads": query.shape[1], "key_heads": key.shape[1], "masked": kwargs.get("attn_mask") is not None,
-                      "gqa": kwargs.get("enable_gqa", False)})  # fmt: skip
+                      "gqa": kwargs.get("enable_gqa", False), "dtypes": {query.dtype, key.dtype, value.dtype},
+                      "autocast": torch.is_autocast_enabled("cpu"), "grad": torch.is_grad_enabled()})  # fmt: skip
         return kernel(query, key, value, *args, **kwargs)
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
@@ -85,3 +86,35 @@ def test_unmasked_calls_and_other_models_are_left_to_transformers(
     assert '"_attn_implementation"' not in (tmp_path / "config.json").read_text()
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
     assert reloaded.config._attn_implementation == "sdpa"
+
+
+def test_masked_training_calls_run_in_fp32_under_bf16(tiny_model, kernel_calls):
+    """A pass that needs gradients computes masked attention in fp32 (the bf16 backward is slower
+    on a CPU); passes without gradients keep bf16; the gradients stay those of the fp32 model."""
+    ids, mask = padded_batch()
+    use_grouped_sdpa(tiny_model)
+
+    def grads(**autocast: Any) -> list[torch.Tensor]:
+        tiny_model.zero_grad()
+        with torch.autocast("cpu", **autocast):
+            logits = tiny_model(input_ids=ids, attention_mask=mask).logits
+        logits.float().log_softmax(-1)[mask.bool()].max(-1).values.sum().backward()
+        return [p.grad.clone() for p in tiny_model.parameters()]
+
+    full = grads(enabled=False)
+    kernel_calls.clear()
+    mixed = grads(dtype=torch.bfloat16)
+    masked = [c for c in kernel_calls if c["masked"]]
+    assert masked and all(c["dtypes"] == {torch.float32} and not c["autocast"] for c in masked)
+    for low, high in zip(mixed, full, strict=True):
+        torch.testing.assert_close(low, high, rtol=0.1, atol=0.02 * float(high.abs().max()))
+    kernel_calls.clear()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # sampling, the reference model
+        tiny_model(input_ids=ids, attention_mask=mask)
+    assert kernel_calls and all(c["autocast"] for c in kernel_calls if c["masked"])
+    kernel_calls.clear()
+    tiny_model.to(torch.bfloat16)  # bf16 weights, no autocast: fp32 kernel, bf16 output
+    logits = tiny_model(input_ids=ids, attention_mask=mask).logits
+    logits.float().sum().backward()
+    assert logits.dtype == torch.bfloat16
+    assert all(c["dtypes"] == {torch.float32} for c in kernel_calls if c["masked"])

@@ -32,6 +32,8 @@ Example (a tiny random Llama with 4 query heads over 2 key/value heads):
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -61,10 +63,35 @@ def grouped_sdpa_forward(
             module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs
         )
     # With a mask transformers' sdpa is never causal: the mask says it all.
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True
-    )
-    return out.transpose(1, 2).contiguous(), None
+    with fp32_if_training(query) as (cast, restore):
+        out = torch.nn.functional.scaled_dot_product_attention(
+            cast(query), cast(key), cast(value), attn_mask=attention_mask, dropout_p=dropout,
+            scale=scaling, enable_gqa=True,
+        )  # fmt: skip
+    return restore(out).transpose(1, 2).contiguous(), None
+
+
+@contextmanager
+def fp32_if_training(query: torch.Tensor) -> Iterator[tuple[Callable[[torch.Tensor], torch.Tensor], ...]]:
+    """``(cast, restore)`` for a masked CPU attention call: in a pass that needs gradients and would
+    run in bf16 (bf16 operands or bf16 autocast), the kernel runs in fp32 with autocast off, the
+    output back in the query's dtype; elsewhere both are the identity. Why: torch's CPU flash
+    kernel's backward with a mask is slower in bf16 than in fp32 (the recipe's GRPO update, one
+    batch, same process: 2.5-5.4 s of 34-39 s less in fp32; docs/benchmarks.md), while its
+    forward is faster in bf16, so sampling and the reference model's pass keep bf16.
+    """
+    autocast_bf16 = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    lower = query.dtype == torch.bfloat16 or (autocast_bf16 and query.dtype == torch.float32)
+    if not (torch.is_grad_enabled() and query.requires_grad and lower):
+        yield (_same, _same)
+        return
+    dtype = query.dtype
+    with torch.autocast("cpu", enabled=False):
+        yield (lambda t: t.float(), lambda t: t.to(dtype))
+
+
+def _same(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
 
 
 def register_grouped_sdpa() -> None:
@@ -94,4 +121,10 @@ def use_grouped_sdpa(model: Any) -> bool:
     return True
 
 
-__all__ = ["GROUPED_SDPA", "grouped_sdpa_forward", "register_grouped_sdpa", "use_grouped_sdpa"]
+__all__ = [
+    "GROUPED_SDPA",
+    "fp32_if_training",
+    "grouped_sdpa_forward",
+    "register_grouped_sdpa",
+    "use_grouped_sdpa",
+]

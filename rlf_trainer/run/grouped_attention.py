@@ -14,6 +14,8 @@ heads together, with outputs equal to the repeated heads' to the last bit.
 transformers' ``AttentionInterface`` (and ``sdpa``'s masks) under :data:`GROUPED_SDPA`. It passes a
 CPU call with a mask and grouped heads straight to the kernel with ``enable_gqa=True`` and leaves
 every other call (no mask, other devices, paged caches, position biases) to transformers' ``sdpa``.
+A masked call that needs gradients and would run in bf16 runs the kernel in fp32
+(:func:`fp32_if_training`): the CPU flash kernel's masked backward is slower in bf16.
 The name lives only in the running model's config: a saved folder records no attention
 implementation, so vLLM, rlf-serve and ``from_pretrained`` load it as before.
 

@@ -79,7 +79,7 @@ def fp32_if_training(query: torch.Tensor) -> Iterator[tuple[Callable[[torch.Tens
     run in bf16 (bf16 operands or bf16 autocast), the kernel runs in fp32 with autocast off, the
     output back in the query's dtype; elsewhere both are the identity. Why: torch's CPU flash
     kernel's backward with a mask is slower in bf16 than in fp32 (the recipe's GRPO update, one
-    batch, same process: 2.5-5.4 s of 34-39 s less in fp32; docs/benchmarks.md), while its
+    batch, same process: 2.5-4.2 s of 33-35 s less in fp32; docs/benchmarks.md), while its
     forward is faster in bf16, so sampling and the reference model's pass keep bf16.
     """
     autocast_bf16 = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16

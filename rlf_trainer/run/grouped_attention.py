@@ -15,7 +15,7 @@ transformers' ``AttentionInterface`` (and ``sdpa``'s masks) under :data:`GROUPED
 CPU call with a mask and grouped heads straight to the kernel with ``enable_gqa=True`` and leaves
 every other call (no mask, other devices, paged caches, position biases) to transformers' ``sdpa``.
 A masked call that needs gradients and would run in bf16 runs the kernel in fp32
-(:func:`fp32_if_training`): the CPU flash kernel's masked backward is slower in bf16.
+(:func:`trains_in_fp32`): the CPU flash kernel's masked backward is slower in bf16.
 The name lives only in the running model's config: a saved folder records no attention
 implementation, so vLLM, rlf-serve and ``from_pretrained`` load it as before.
 
@@ -34,8 +34,7 @@ Example (a tiny random Llama with 4 query heads over 2 key/value heads):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -65,35 +64,26 @@ def grouped_sdpa_forward(
             module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs
         )
     # With a mask transformers' sdpa is never causal: the mask says it all.
-    with fp32_if_training(query) as (cast, restore):
+    fp32 = trains_in_fp32(query)
+    with torch.autocast("cpu", enabled=False) if fp32 else nullcontext():
+        operands = (query.float(), key.float(), value.float()) if fp32 else (query, key, value)
         out = torch.nn.functional.scaled_dot_product_attention(
-            cast(query), cast(key), cast(value), attn_mask=attention_mask, dropout_p=dropout,
-            scale=scaling, enable_gqa=True,
-        )  # fmt: skip
-    return restore(out).transpose(1, 2).contiguous(), None
+            *operands, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True
+        )
+    return (out.to(query.dtype) if fp32 else out).transpose(1, 2).contiguous(), None
 
 
-@contextmanager
-def fp32_if_training(query: torch.Tensor) -> Iterator[tuple[Callable[[torch.Tensor], torch.Tensor], ...]]:
-    """``(cast, restore)`` for a masked CPU attention call: in a pass that needs gradients and would
-    run in bf16 (bf16 operands or bf16 autocast), the kernel runs in fp32 with autocast off, the
-    output back in the query's dtype; elsewhere both are the identity. Why: torch's CPU flash
-    kernel's backward with a mask is slower in bf16 than in fp32 (the recipe's GRPO update, one
-    batch, same process: 2.5-4.2 s of 33-35 s less in fp32; docs/benchmarks.md), while its
-    forward is faster in bf16, so sampling and the reference model's pass keep bf16.
+def trains_in_fp32(query: torch.Tensor) -> bool:
+    """Whether a masked CPU attention call runs its kernel in fp32 (autocast off, the output back in
+    the query's dtype): in a pass that needs gradients and would run in bf16 (bf16 operands or bf16
+    autocast). Why: torch's CPU flash kernel's backward with a mask is slower in bf16 than in fp32
+    (the recipe's GRPO update, one batch, same process: 2.5-4.2 s of 33-35 s less in fp32;
+    docs/benchmarks.md), while its forward is faster in bf16, so sampling and the reference
+    model's pass keep bf16.
     """
     autocast_bf16 = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
     lower = query.dtype == torch.bfloat16 or (autocast_bf16 and query.dtype == torch.float32)
-    if not (torch.is_grad_enabled() and query.requires_grad and lower):
-        yield (_same, _same)
-        return
-    dtype = query.dtype
-    with torch.autocast("cpu", enabled=False):
-        yield (lambda t: t.float(), lambda t: t.to(dtype))
-
-
-def _same(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor
+    return torch.is_grad_enabled() and query.requires_grad and lower
 
 
 def register_grouped_sdpa() -> None:
@@ -125,8 +115,8 @@ def use_grouped_sdpa(model: Any) -> bool:
 
 __all__ = [
     "GROUPED_SDPA",
-    "fp32_if_training",
     "grouped_sdpa_forward",
     "register_grouped_sdpa",
+    "trains_in_fp32",
     "use_grouped_sdpa",
 ]

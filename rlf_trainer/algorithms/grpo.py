@@ -417,7 +417,7 @@ def micro_batch_loss(
     algo = learner.config.algorithm
     mask = micro.loss_mask[:, 1:].float()
     # log pi_theta(x_t | x_<t) of every trained token, at temperature 1 (the sampler records raw logprobs)
-    forward = rows_logprobs(learner, learner.model, micro, mask)
+    forward = rows_logprobs(learner, learner.model, micro, mask, entropy=True)
     logp = forward.logp
     sampler_logp = micro.old_logprobs[:, 1:]
     # guidance: demonstrations have no sampler, so the ratio, clip, TIS and KL terms see only the
@@ -485,13 +485,16 @@ def metric_weight(key: str, micro: RolloutBatch, norm: Normaliser, processes: in
 
 
 # --------------------------------------------------------------------------------------------- forward passes
-def rows_logprobs(learner: Learner, model: Any, micro: RolloutBatch, trained: torch.Tensor) -> TokenLogprobs:
+def rows_logprobs(
+    learner: Learner, model: Any, micro: RolloutBatch, trained: torch.Tensor, *, entropy: bool = False
+) -> TokenLogprobs:
     """:func:`~rlf_trainer.algorithms.optimize.token_logprobs` of ``micro``'s rows under ``model``,
-    with the run's ``shared_prefix``."""
+    with the run's ``shared_prefix``; the entropy only where asked (the trained pass logs it)."""
     share = shares_prefix(learner.config, learner.accelerator.device.type)
     return token_logprobs(
-        learner.accelerator, model, micro.input_ids, micro.attention_mask, trained, share_prefix=share
-    )
+        learner.accelerator, model, micro.input_ids, micro.attention_mask, trained, share_prefix=share,
+        entropy=entropy,
+    )  # fmt: skip
 
 
 def reference_logprobs(learner: Learner, micro: RolloutBatch) -> torch.Tensor:

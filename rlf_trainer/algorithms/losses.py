@@ -29,7 +29,6 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -62,59 +61,6 @@ def selective_log_softmax(logits: Tensor, ids: Tensor) -> Tensor:
         picked = row_logits.gather(-1, row_ids.unsqueeze(-1)).squeeze(-1)
         rows.append(picked - torch.logsumexp(row_logits, dim=-1))
     return torch.stack(rows)
-
-
-def chunked_selective_log_softmax(
-    hidden: Tensor, head: Callable[[Tensor], Tensor], ids: Tensor, *, chunk: int = 512, entropy: bool = False
-) -> tuple[Tensor, Tensor | None]:
-    """``log_softmax(head(hidden))[ids]`` for ``hidden`` ``[m, H]`` and ``ids`` ``[m]``, ``chunk`` rows at a
-    time, each chunk's logits recomputed in the backward pass instead of kept: the peak is one
-    ``[chunk, V]`` block, never the ``[m, V]`` logits (with a 49k vocabulary, fp32 logits of 4 x 900
-    tokens are 700 MB). ``head`` is the model's output projection; it runs in its weights' dtype (fp32 master
-    weights: fp32 logits) outside any autocast, and the log-softmax in fp32.
-    With ``entropy`` also each row's next-token entropy (no gradient).
-
-    Example:
-        >>> hidden, head = torch.randn(5, 4), torch.nn.Linear(4, 7)
-        >>> ids = torch.tensor([0, 6, 3, 3, 1])
-        >>> logp, _ = chunked_selective_log_softmax(hidden, head, ids, chunk=2)
-        >>> torch.allclose(logp, torch.log_softmax(head(hidden), -1).gather(1, ids[:, None])[:, 0])
-        True
-    """
-    from torch.utils.checkpoint import checkpoint
-
-    pieces, entropies = [], []
-    for start in range(0, hidden.shape[0], chunk):
-        rows, targets = hidden[start : start + chunk], ids[start : start + chunk]
-        if torch.is_grad_enabled() and rows.requires_grad:
-            picked, row_entropy = checkpoint(_picked_log_softmax, rows, targets, head, use_reentrant=False)
-        else:
-            picked, row_entropy = _picked_log_softmax(rows, targets, head)
-        pieces.append(picked)
-        entropies.append(row_entropy)
-    if not pieces:
-        return hidden.new_zeros(0, dtype=torch.float32), (
-            hidden.new_zeros(0, dtype=torch.float32) if entropy else None
-        )
-    return torch.cat(pieces), (torch.cat(entropies) if entropy else None)
-
-
-def _picked_log_softmax(
-    rows: Tensor, targets: Tensor, head: Callable[[Tensor], Tensor]
-) -> tuple[Tensor, Tensor]:
-    """One chunk: the targets' log-probs and (detached, from the same logits) each row's entropy.
-
-    The projection runs in the head's own dtype even under bf16 autocast: bf16 logits keep 8 bits
-    of mantissa, so a logit near 20 moves in steps of 0.125, which is noise of the size of PPO's
-    clip range in every ratio.
-    """
-    weight = getattr(head, "weight", None)
-    with torch.autocast(rows.device.type, enabled=False):
-        logits = head(rows.to(weight.dtype if weight is not None else torch.float32)).float()
-    lse = torch.logsumexp(logits, dim=-1)
-    with torch.no_grad():
-        row_entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
-    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse, row_entropy
 
 
 def token_entropy(logits: Tensor) -> Tensor:

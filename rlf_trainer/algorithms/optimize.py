@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from rlf_trainer.algorithms.losses import chunked_selective_log_softmax, selective_log_softmax, token_entropy
+from rlf_trainer.algorithms.head_logprobs import chunked_selective_log_softmax
+from rlf_trainer.algorithms.losses import selective_log_softmax, token_entropy
 from rlf_trainer.algorithms.shared_prefix import (
     MIN_SHARED_TOKENS,
     common_prefix_length,
@@ -115,7 +116,7 @@ def optimizer_steps(optimizer: Any) -> int:
 @dataclass
 class TokenLogprobs:
     """The log-probs ``[n, T-1]`` of the trained tokens of a batch under a model (0 elsewhere), their
-    mean next-token entropy, and the positions the model ran over (a shared prefix once, padding
+    mean next-token entropy (NaN where not asked for), and the positions the model ran over (a shared prefix once, padding
     included) and the real tokens among them."""
 
     logp: torch.Tensor
@@ -132,16 +133,18 @@ def token_logprobs(
     trained: torch.Tensor,
     *,
     share_prefix: bool = False,
+    entropy: bool = True,
 ) -> TokenLogprobs:
     """``log pi(x_t | x_<t)`` of the tokens where ``trained`` ``[n, T-1]`` is 1, at temperature 1.
 
     The model runs once over the whole sequences (under the run's mixed precision) for its final
     hidden states; the vocabulary projection then runs only on the trained positions, in chunks
-    (:func:`~rlf_trainer.algorithms.losses.chunked_selective_log_softmax`), never as the full
+    (:func:`~rlf_trainer.algorithms.head_logprobs.chunked_selective_log_softmax`), never as the full
     ``[n, T, V]`` logits: prompt and tool-result positions need no logits at all. A model whose
     logits are not its output projection of the decoder's last hidden state (soft-capping,
     scaling, a custom head) takes the plain path: the full logits, then the log-softmax.
-    ``share_prefix``: the rows' common prefix runs once (:func:`prefix_to_share`).
+    ``share_prefix``: the rows' common prefix runs once (:func:`prefix_to_share`). ``entropy``: also
+    the mean next-token entropy (else NaN; the reference and frozen passes have no use for it).
     """
     core = _core_model(accelerator, model)
     where = trained.bool()
@@ -150,13 +153,17 @@ def token_logprobs(
     # the run's precision for the whole pass (a prepared model autocasts its own forward already)
     with accelerator.autocast():
         if _projects_plainly(core):
-            logp, mean_entropy = _projected_logprobs(model, core, input_ids, attention_mask, where, prefix)
+            logp, mean_entropy = _projected_logprobs(
+                model, core, input_ids, attention_mask, where, prefix, entropy
+            )
         else:
             mask = mask_unless_right_padded(attention_mask)
             logits = model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits[:, :-1]
             logp = selective_log_softmax(logits, input_ids[:, 1:]).masked_fill(~where, 0.0)
             rows = logits.detach()[where]
-            mean_entropy = float(token_entropy(rows).mean()) if rows.shape[0] else 0.0
+            mean_entropy = float("nan")
+            if entropy:
+                mean_entropy = float(token_entropy(rows).mean()) if rows.shape[0] else 0.0
     return TokenLogprobs(logp, mean_entropy, forwarded, real)
 
 
@@ -217,6 +224,7 @@ def _projected_logprobs(
     attention_mask: torch.Tensor,
     where: torch.Tensor,
     prefix: int = 0,
+    entropy: bool = True,
 ) -> tuple[torch.Tensor, float]:
     """The decoder's last hidden states (one pass, or the shared ``prefix`` then the rows' own
     tokens), projected only where ``where`` is true."""
@@ -225,15 +233,17 @@ def _projected_logprobs(
         hidden, out = shared_prefix_hidden(model, core.get_decoder(), input_ids, attention_mask, prefix)
     else:
         hidden, out = _decoder_hidden(model, core, input_ids, mask_unless_right_padded(attention_mask))
-    picked, entropy = chunked_selective_log_softmax(
-        hidden[:, :-1][where], core.get_output_embeddings(), input_ids[:, 1:][where], entropy=True
+    picked, row_entropy = chunked_selective_log_softmax(
+        hidden[:, :-1][where], core.get_output_embeddings(), input_ids[:, 1:][where], entropy=entropy
     )
     logp = torch.zeros(where.shape, dtype=torch.float32, device=picked.device)
     logp[where] = picked
     # Every parameter stays in the graph with a zero gradient, even with nothing trained (a stand-in
     # micro-batch): backward needs a graph, and DDP needs every parameter to get a gradient.
     logp = logp + 0.0 * out.logits.float().sum()
-    return logp, float(entropy.mean()) if entropy is not None and entropy.numel() else 0.0
+    if row_entropy is None:
+        return logp, float("nan")
+    return logp, float(row_entropy.mean()) if row_entropy.numel() else 0.0
 
 
 def _decoder_hidden(

@@ -96,6 +96,7 @@ def sft_step(
             micro["attention_mask"],
             trained,
             share_prefix=shares_prefix(cfg, acc.device.type),
+            entropy=False,
         )
         if len(rows):
             forwarded, real = forwarded + forward.forwarded_tokens, real + forward.real_tokens

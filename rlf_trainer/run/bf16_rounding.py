@@ -66,7 +66,7 @@ def autocast_matmul_parameters(model: torch.nn.Module) -> list[torch.nn.Paramete
 
     Only these are rounded: the update uses the rest in fp32 (norm weights multiply the fp32
     residual stream, the embedding lookup is not autocast, and the output projection runs in
-    fp32 in :func:`~rlf_trainer.algorithms.losses.chunked_selective_log_softmax`), so rounding them
+    fp32 in :func:`~rlf_trainer.algorithms.head_logprobs.chunked_selective_log_softmax`), so rounding them
     would add noise the update never sees; a norm weight near 1.0 has a bf16 spacing of 0.0078,
     some 400 AdamW steps at lr 2e-5.
     """

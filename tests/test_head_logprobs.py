@@ -1,0 +1,71 @@
+"""The picked tokens' log-probs through the head, chunk by chunk (rlf_trainer.algorithms.head_logprobs)."""
+
+import pytest
+import torch
+
+from rlf_trainer.algorithms.head_logprobs import chunked_selective_log_softmax
+
+
+class _ScaledHead(torch.nn.Module):
+    """A head that is not a plain ``nn.Linear``: it takes the checkpointed path."""
+
+    def __init__(self, linear: torch.nn.Linear) -> None:
+        super().__init__()
+        self.linear = linear
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.linear(rows)
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["fused linear", "checkpointed module"])
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16 autocast"])
+def test_logprobs_entropy_and_gradients_match_float64(wrapped, autocast):
+    """Values, entropy and the gradients against a float64 log-softmax; under bf16 autocast (the
+    forward runs in it, the backward after it, as in the trainer) the projection stays fp32."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(32, 500)
+    with torch.no_grad():
+        linear.weight.mul_(8.0)  # logits of tens, as a trained LM head gives
+    head = _ScaledHead(linear) if wrapped else linear
+    hidden = torch.randn(70, 32, requires_grad=True)  # 70 rows in chunks of 16: a partial last chunk
+    ids, upstream = torch.randint(0, 500, (70,)), torch.randn(70)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        picked, entropy = chunked_selective_log_softmax(hidden, head, ids, chunk=16, entropy=True)
+    (picked * upstream).sum().backward()
+    h64, w64, b64 = (t.detach().double().requires_grad_() for t in (hidden, linear.weight, linear.bias))
+    logits64 = h64 @ w64.T + b64
+    exact = torch.log_softmax(logits64, -1).gather(1, ids[:, None])[:, 0]
+    (exact * upstream.double()).sum().backward()
+    assert picked.dtype == torch.float32 and entropy is not None and entropy.dtype == torch.float32
+    assert torch.allclose(picked.double(), exact, atol=1e-4)
+    log_p64 = torch.log_softmax(logits64.detach(), -1)
+    assert torch.allclose(entropy.double(), -(log_p64.exp() * log_p64).sum(-1), atol=1e-4)
+    for got, want in ((hidden.grad, h64.grad), (linear.weight.grad, w64.grad), (linear.bias.grad, b64.grad)):
+        assert (got.double() - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+def test_without_entropy_or_rows_or_gradient():
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 50, bias=False)
+    hidden, ids = torch.randn(5, 8), torch.randint(0, 50, (5,))
+    with torch.no_grad():
+        picked, entropy = chunked_selective_log_softmax(hidden, head, ids, chunk=2)
+        exact = torch.log_softmax(head(hidden), -1).gather(1, ids[:, None])[:, 0]
+    assert entropy is None and torch.allclose(picked, exact)
+    empty, no_entropy = chunked_selective_log_softmax(hidden[:0], head, ids[:0], entropy=True)
+    assert empty.shape == (0,) and no_entropy is not None and no_entropy.shape == (0,)
+
+
+def test_the_chunked_projection_stays_fp32_under_bf16_autocast():
+    """bf16 logits would move the log-probs by up to ~0.1 (8-bit mantissa at logits of ~20)."""
+    torch.manual_seed(0)
+    hidden, head = torch.randn(64, 32), torch.nn.Linear(32, 500)
+    with torch.no_grad():
+        head.weight.mul_(8.0)  # logits of tens, as a trained LM head gives
+        ids = torch.randint(0, 500, (64,))
+        exact = torch.log_softmax(head(hidden), -1).gather(1, ids[:, None])[:, 0]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert head(hidden).dtype == torch.bfloat16  # what the projection would be left alone
+            picked, entropy = chunked_selective_log_softmax(hidden, head, ids, chunk=16, entropy=True)
+    assert picked.dtype == torch.float32 and entropy is not None and entropy.dtype == torch.float32
+    assert torch.allclose(picked, exact, atol=1e-4), (picked - exact).abs().max()

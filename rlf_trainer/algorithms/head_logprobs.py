@@ -55,12 +55,13 @@ def chunked_selective_log_softmax(
 
 
 def _plain_linear(head: Any) -> bool:
-    """A head :class:`_LinearLogSoftmax` computes exactly: an ``nn.Linear`` (no hooks or subclass
-    behaviour to honour) whose weight is an ordinary tensor (not a sharded one)."""
+    """A head :class:`_LinearLogSoftmax` computes exactly: an ``nn.Linear`` (no hooks, Accelerate
+    device hook or subclass behaviour to honour) whose weight is an ordinary tensor (not a sharded one)."""
     return (
         type(head) is torch.nn.Linear
         and not head._forward_hooks
         and not head._forward_pre_hooks
+        and not hasattr(head, "_hf_hook")
         and type(head.weight.data) is torch.Tensor
     )
 

